@@ -1,0 +1,69 @@
+# Two commands do all set-up on a fresh Debian machine (README.md):
+#   make demo   origin, edge and sample Node.js backends on localhost
+#   make test   ruff + the whole pytest suite
+# Every target installs what it needs and is idempotent: stamps record what
+# was installed, and are redone when the file they depend on changes.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+NODE_APP := deploy/node-app
+STAMPS := $(VENV)/.stamps
+
+.PHONY: venv node test lint demo bench-tunnel bench-edge wan apt-base clean
+
+$(STAMPS)/apt-base:
+	@mkdir -p $(STAMPS)
+	@need=""; \
+	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || need="$$need python3-venv"; \
+	command -v node >/dev/null || need="$$need nodejs npm"; \
+	if [ -n "$$need" ]; then \
+	  echo "installing apt packages:$$need"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need; \
+	fi
+	@touch $@
+
+$(VENV)/bin/python: | $(STAMPS)/apt-base
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(STAMPS)/py-test: pyproject.toml $(VENV)/bin/python
+	@mkdir -p $(STAMPS)
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+$(STAMPS)/py-load: pyproject.toml $(STAMPS)/py-test
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libnetfilter-queue-dev iptables iproute2 haproxy >/dev/null \
+	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libnetfilter-queue-dev iptables iproute2 haproxy)
+	$(PY) -m pip install -q -e '.[test,load]'
+	@touch $@
+
+$(NODE_APP)/node_modules/.stamp: $(NODE_APP)/package.json | $(STAMPS)/apt-base
+	cd $(NODE_APP) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+venv: $(STAMPS)/py-test
+node: $(NODE_APP)/node_modules/.stamp
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: venv node lint
+	$(VENV)/bin/pytest -q
+
+demo: venv node
+	$(VENV)/bin/geoedge demo
+
+bench-tunnel: venv
+	$(PY) -m loadtests.bench_tunnel
+
+bench-edge: $(STAMPS)/py-load node
+	$(PY) -m loadtests.bench_edge
+
+wan: $(STAMPS)/py-load node
+	$(PY) -m loadtests.wan.run
+
+clean:
+	rm -rf $(VENV) $(NODE_APP)/node_modules

@@ -1,0 +1,244 @@
+"""Tunnel transports: mutual TLS 1.3 over TCP, or plain TCP inside WireGuard.
+
+Both ends share the configuration types here. The listener (origin) admits a
+peer only if its certificate identity is allowed (TLS) or its address falls in
+an allowed CIDR (TCP inside WireGuard, where WireGuard has already
+authenticated the peer's key and bound it to that address). Every refusal is
+logged with its reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from tunnel.aio.connection import (
+    Authorizer,
+    ConnectionInfo,
+    PeerRefused,
+    StreamAcceptor,
+    TunnelConnection,
+)
+from tunnel.aio.tls import tunnel_client_context, tunnel_server_context
+from tunnel.mux import SessionConfig
+from tunnel.mux.errors import MuxError
+from tunnel.runtime.pki import peer_identity
+
+log = logging.getLogger("geoedge.tunnel")
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class TunnelHandshakeError(ConnectionError):
+    """The connection opened but the tunnel did not come up: the peer refused us
+    (TLS alert, identity not allowed) or spoke something else."""
+
+
+def parse_host_port(text: str, default_port: int | None = None) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or (with a default) a bare host."""
+    host, sep, port = text.rpartition(":")
+    if not sep or (host.count(":") and not host.startswith("[")):
+        if default_port is None:
+            raise ValueError(f"{text!r}: expected host:port")
+        host, port = text, str(default_port)
+    host = host.strip("[]")
+    if not port.isascii() or not port.isdigit() or not 0 < len(port) <= 5:
+        raise ValueError(f"{text!r}: port must be 0-65535")
+    number = sum(int(c) * 10**i for i, c in enumerate(reversed(port)))
+    if number > 65535:
+        raise ValueError(f"{text!r}: port must be 0-65535")
+    return host, number
+
+
+@dataclass(frozen=True, slots=True)
+class TunnelListenerConfig:
+    """Where the origin accepts edges."""
+
+    address: str = "0.0.0.0:7443"
+    """host:port to bind (for ``tcp``, the WireGuard address)."""
+    transport: Literal["tls", "tcp"] = "tls"
+    """``tls``: mutual TLS 1.3; ``tcp``: plain TCP, only inside WireGuard."""
+    cert: Path | None = None
+    """Origin certificate (PEM), for ``tls``."""
+    key: Path | None = None
+    """Origin private key (PEM), for ``tls``."""
+    ca: Path | None = None
+    """CA that issued the edges' certificates, for ``tls``."""
+    allowed_identities: tuple[str, ...] = ()
+    """Edge identities admitted (``tls``); ``"*"`` admits any certificate of the CA."""
+    allowed_peers: tuple[Network, ...] = ()
+    """CIDRs of admitted edges (``tcp``): their WireGuard addresses."""
+
+    def __post_init__(self) -> None:
+        parse_host_port(self.address)
+        if self.transport == "tls":
+            if not (self.cert and self.key and self.ca):
+                raise ValueError("transport 'tls' needs cert, key and ca")
+            if not self.allowed_identities:
+                raise ValueError("transport 'tls' needs allowed_identities (or ['*'])")
+        elif not self.allowed_peers:
+            raise ValueError("transport 'tcp' needs allowed_peers (WireGuard CIDRs)")
+
+
+@dataclass(frozen=True, slots=True)
+class TunnelDialConfig:
+    """How an edge reaches one origin."""
+
+    address: str
+    """host:port of the origin's tunnel listener."""
+    transport: Literal["tls", "tcp"] = "tls"
+    server_name: str | None = None
+    """Name to verify in the origin's certificate (default: the host)."""
+    cert: Path | None = None
+    key: Path | None = None
+    ca: Path | None = None
+    connections: int = 2
+    """Tunnel connections kept open to this origin (the pool size)."""
+    connect_timeout_s: float = 5.0
+    backoff_base_s: float = 0.1
+    backoff_cap_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        parse_host_port(self.address)
+        if self.transport == "tls" and not (self.cert and self.key and self.ca):
+            raise ValueError("transport 'tls' needs cert, key and ca")
+        if self.connections < 1:
+            raise ValueError("connections must be at least 1")
+
+
+@dataclass(frozen=True, slots=True)
+class _TlsAuthorizer:
+    allowed: frozenset[str]
+    expect_role: str | None = None
+
+    def __call__(self, transport: asyncio.Transport) -> ConnectionInfo:
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is None:
+            raise PeerRefused("no TLS session")
+        identity = peer_identity(ssl_object.getpeercert(binary_form=True))
+        if identity is None:
+            raise PeerRefused("certificate carries no geoedge identity")
+        if "*" not in self.allowed and identity not in self.allowed:
+            raise PeerRefused(f"identity {identity!r} is not in allowed_identities")
+        return ConnectionInfo(identity, _peer(transport), "tls")
+
+
+@dataclass(frozen=True, slots=True)
+class _CidrAuthorizer:
+    allowed: tuple[Network, ...] = field(default_factory=tuple)
+
+    def __call__(self, transport: asyncio.Transport) -> ConnectionInfo:
+        peer = _peer(transport)
+        if peer is None:
+            raise PeerRefused("no peer address")
+        address = ipaddress.ip_address(peer[0])
+        if not any(address in net for net in self.allowed):
+            raise PeerRefused(f"{address} is not in allowed_peers")
+        return ConnectionInfo(str(address), peer, "tcp")
+
+
+def _peer(transport: asyncio.Transport) -> tuple[str, int] | None:
+    peer = transport.get_extra_info("peername")
+    return (peer[0], peer[1]) if peer else None
+
+
+def _accept_any(transport: asyncio.Transport) -> ConnectionInfo:
+    peer = _peer(transport)
+    return ConnectionInfo(peer[0] if peer else "?", peer, "tcp")
+
+
+def listener_ssl_context(config: TunnelListenerConfig) -> ssl.SSLContext | None:
+    if config.transport != "tls":
+        return None
+    assert config.cert and config.key and config.ca
+    return tunnel_server_context(config.cert, config.key, config.ca)
+
+
+async def serve_tunnel(
+    config: TunnelListenerConfig,
+    session_config: SessionConfig,
+    on_stream: StreamAcceptor,
+    *,
+    on_connection: Callable[[TunnelConnection], None] | None = None,
+    sock: socket.socket | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+) -> asyncio.Server:
+    """Listen for edges. ``sock`` lets worker processes share one listening socket."""
+    loop = asyncio.get_running_loop()
+    if config.transport == "tls":
+        authorize: Authorizer = _TlsAuthorizer(frozenset(config.allowed_identities))
+        ssl_context = ssl_context or listener_ssl_context(config)
+    else:
+        authorize = _CidrAuthorizer(config.allowed_peers)
+        ssl_context = None
+
+    def factory() -> TunnelConnection:
+        connection = TunnelConnection(
+            session_config, client=False, authorize=authorize, on_stream=on_stream
+        )
+        if on_connection is not None:
+            on_connection(connection)
+        return connection
+
+    if sock is not None:
+        return await loop.create_server(factory, sock=sock, ssl=ssl_context, backlog=1024)
+    host, port = parse_host_port(config.address)
+    return await loop.create_server(
+        factory, host, port, ssl=ssl_context, reuse_address=True, backlog=1024
+    )
+
+
+def dial_ssl_context(config: TunnelDialConfig) -> ssl.SSLContext | None:
+    if config.transport != "tls":
+        return None
+    assert config.cert and config.key and config.ca
+    return tunnel_client_context(config.cert, config.key, config.ca)
+
+
+async def dial_tunnel(
+    config: TunnelDialConfig,
+    session_config: SessionConfig,
+    *,
+    on_stream: StreamAcceptor | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    learned_window_hint: int = 0,
+) -> TunnelConnection:
+    """One connection attempt: connect, authenticate, wait for the peer's HELLO."""
+    loop = asyncio.get_running_loop()
+    host, port = parse_host_port(config.address)
+    if config.transport == "tls":
+        ssl_context = ssl_context or dial_ssl_context(config)
+        authorize: Authorizer = _TlsAuthorizer(frozenset({"*"}))
+        server_name: str | None = config.server_name or host
+    else:
+        ssl_context, authorize, server_name = None, _accept_any, None
+
+    def factory() -> TunnelConnection:
+        return TunnelConnection(
+            session_config,
+            client=True,
+            authorize=authorize,
+            on_stream=on_stream,
+            learned_window_hint=learned_window_hint,
+        )
+
+    async with asyncio.timeout(config.connect_timeout_s):
+        _, connection = await loop.create_connection(
+            factory, host, port, ssl=ssl_context, server_hostname=server_name
+        )
+        try:
+            await connection.established
+        except (MuxError, PeerRefused) as exc:
+            connection.abort("handshake failed")
+            raise TunnelHandshakeError(f"{config.address}: {exc}") from exc
+        except BaseException:
+            connection.abort("handshake failed")
+            raise
+    return connection

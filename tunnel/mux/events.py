@@ -1,0 +1,91 @@
+"""Events the session reports, named in the past tense (STYLE.md §5).
+
+Frozen, slotted dataclasses: cheap to create on the hot path and safe to hand
+across layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tunnel.mux.metadata import StreamMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEstablished:
+    """The peer's HELLO arrived and the version was agreed: streams may open."""
+
+    version: int
+    peer_settings: dict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOpened:
+    """The peer opened a stream (PROTOCOL.md §6.1)."""
+
+    stream_id: int
+    metadata: StreamMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class DataReceived:
+    """Stream bytes arrived. Credit returns only when the application calls
+    :meth:`Session.acknowledge_received_data` (PROTOCOL.md §7)."""
+
+    stream_id: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnded:
+    """The peer half-closed its side of the stream (END_STREAM)."""
+
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamReset:
+    """The stream is gone. ``remote`` tells whether the peer reset it or the
+    session did (a stream-scoped error, a stall, a GOAWAY, a dead connection)."""
+
+    stream_id: int
+    error_code: int
+    remote: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PingAcknowledged:
+    """A PONG answered one of our PINGs; ``rtt_s`` is that round trip."""
+
+    rtt_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class GoAwayReceived:
+    """The peer is draining: streams above ``last_stream_id`` that we opened
+    were not processed (they are reset with REFUSED_STREAM and may be retried)."""
+
+    last_stream_id: int
+    error_code: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionTerminated:
+    """The session is over; the adapter sends what is queued, then closes."""
+
+    error_code: int
+    reason: str
+    remote: bool
+
+
+Event = (
+    SessionEstablished
+    | StreamOpened
+    | DataReceived
+    | StreamEnded
+    | StreamReset
+    | PingAcknowledged
+    | GoAwayReceived
+    | ConnectionTerminated
+)

@@ -1,0 +1,144 @@
+"""Stream metadata carried on OPEN (PROTOCOL.md §6.2): who the client is and how
+it reached the edge.
+
+Encoded as a sequence of TLV items ``Key(8) Length(16) Value``. Unknown keys are
+kept (in :attr:`StreamMetadata.extra`) and passed on, so a newer edge can add
+items an older origin ignores: that is the "room for more".
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import struct
+from dataclasses import dataclass, field
+
+from tunnel.mux.errors import MetadataError
+
+_ITEM = struct.Struct(">BH")
+_PORT = struct.Struct(">H")
+
+Address = tuple[str, int]
+
+
+class MetaKey(enum.IntEnum):
+    """PROTOCOL.md §6.2 key registry."""
+
+    CLIENT_ADDRESS = 0x01
+    SERVER_ADDRESS = 0x02
+    SERVER_NAME = 0x03
+    ALPN = 0x04
+    TLS_VERSION = 0x05
+    TLS_CIPHER = 0x06
+    EDGE_ID = 0x07
+    HOST = 0x08
+    REQUEST_ID = 0x09
+    TLS_RESUMED = 0x0A
+
+
+_TEXT_FIELDS: tuple[tuple[MetaKey, str], ...] = (
+    (MetaKey.SERVER_NAME, "server_name"),
+    (MetaKey.ALPN, "alpn"),
+    (MetaKey.TLS_VERSION, "tls_version"),
+    (MetaKey.TLS_CIPHER, "tls_cipher"),
+    (MetaKey.EDGE_ID, "edge_id"),
+    (MetaKey.HOST, "host"),
+    (MetaKey.REQUEST_ID, "request_id"),
+)
+_TEXT_BY_KEY = {int(k): name for k, name in _TEXT_FIELDS}
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMetadata:
+    """What the origin needs to know about the client behind a stream."""
+
+    client_address: Address | None = None
+    server_address: Address | None = None
+    server_name: str | None = None
+    alpn: str | None = None
+    tls_version: str | None = None
+    tls_cipher: str | None = None
+    edge_id: str | None = None
+    host: str | None = None
+    request_id: str | None = None
+    tls_resumed: bool | None = None
+    extra: dict[int, bytes] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        """The TLV encoding of every field that is set."""
+        out = bytearray()
+        if self.client_address is not None:
+            _put(out, MetaKey.CLIENT_ADDRESS, _encode_address(self.client_address))
+        if self.server_address is not None:
+            _put(out, MetaKey.SERVER_ADDRESS, _encode_address(self.server_address))
+        for key, name in _TEXT_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                _put(out, key, value.encode("utf-8"))
+        if self.tls_resumed is not None:
+            _put(out, MetaKey.TLS_RESUMED, b"\x01" if self.tls_resumed else b"\x00")
+        for key, raw in self.extra.items():
+            _put(out, key, raw)
+        return bytes(out)
+
+    @classmethod
+    def decode(cls, data: bytes | memoryview) -> StreamMetadata:
+        """Parse TLV items; raise :class:`MetadataError` on any malformed item."""
+        values: dict[str, object] = {}
+        extra: dict[int, bytes] = {}
+        pos, end = 0, len(data)
+        while pos < end:
+            if end - pos < _ITEM.size:
+                raise MetadataError("truncated metadata item header")
+            key, length = _ITEM.unpack_from(data, pos)
+            pos += _ITEM.size
+            if end - pos < length:
+                raise MetadataError(f"metadata item {key:#x} overruns the frame")
+            raw = bytes(data[pos : pos + length])
+            pos += length
+            if key in values or key in extra:
+                raise MetadataError(f"metadata item {key:#x} repeated")
+            if key == MetaKey.CLIENT_ADDRESS:
+                values["client_address"] = _decode_address(raw)
+            elif key == MetaKey.SERVER_ADDRESS:
+                values["server_address"] = _decode_address(raw)
+            elif key in _TEXT_BY_KEY:
+                try:
+                    values[_TEXT_BY_KEY[key]] = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise MetadataError(f"metadata item {key:#x} is not UTF-8") from None
+            elif key == MetaKey.TLS_RESUMED:
+                if raw not in (b"\x00", b"\x01"):
+                    raise MetadataError("TLS_RESUMED must be one octet, 0 or 1")
+                values["tls_resumed"] = raw == b"\x01"
+            else:
+                extra[key] = raw
+        return cls(**values, extra=extra)  # type: ignore[arg-type]
+
+
+def _put(out: bytearray, key: int, value: bytes) -> None:
+    if len(value) > 0xFFFF:
+        raise MetadataError(f"metadata item {key:#x} longer than 65535 octets")
+    out += _ITEM.pack(key, len(value))
+    out += value
+
+
+def _encode_address(address: Address) -> bytes:
+    host, port = address
+    try:
+        packed = ipaddress.ip_address(host).packed
+    except ValueError:
+        raise MetadataError(f"not an IP address: {host!r}") from None
+    if not 0 <= port <= 0xFFFF:
+        raise MetadataError(f"port out of range: {port}")
+    return bytes((4 if len(packed) == 4 else 6,)) + packed + _PORT.pack(port)
+
+
+def _decode_address(raw: bytes) -> Address:
+    if len(raw) == 7 and raw[0] == 4:
+        host = str(ipaddress.IPv4Address(raw[1:5]))
+    elif len(raw) == 19 and raw[0] == 6:
+        host = str(ipaddress.IPv6Address(raw[1:17]))
+    else:
+        raise MetadataError("malformed address item")
+    return host, _PORT.unpack_from(raw, len(raw) - 2)[0]

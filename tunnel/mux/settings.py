@@ -1,0 +1,108 @@
+"""Session configuration: typed, frozen, one docstring per field (aioquic style).
+
+Units are in the names. Defaults live here and nowhere else; the daemons' TOML
+``[tunnel]`` table maps onto these fields one to one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tunnel.mux.constants import (
+    MAX_FRAME_BYTES_LIMIT,
+    MAX_WINDOW,
+    MIN_FRAME_BYTES,
+    SETTING_DEFAULTS,
+    SettingId,
+)
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    max_frame_bytes: int = SETTING_DEFAULTS[SettingId.MAX_FRAME_BYTES]
+    """Largest DATA payload we accept; announced as MAX_FRAME_BYTES. The sender
+    also never sends frames larger than this, so a small response waits behind at
+    most one frame of a bulk transfer (PROTOCOL.md §7.4)."""
+
+    max_concurrent_streams: int = SETTING_DEFAULTS[SettingId.MAX_CONCURRENT_STREAMS]
+    """Streams the peer may have open towards us at once; more are refused."""
+
+    initial_stream_window_bytes: int = SETTING_DEFAULTS[SettingId.INITIAL_STREAM_WINDOW]
+    """The floor of a new stream's receive window. New streams start at the
+    larger of this and what the connection has learned (see :mod:`.window`).
+    1 MiB lets a 768 KB response cross a long link in one round trip."""
+
+    max_stream_window_bytes: int = 16 * MiB
+    """Cap of a stream's auto-tuned receive window: the most one stream can
+    make us buffer. 16 MiB fills ~500 Mbit/s at 265 ms."""
+
+    initial_connection_window_bytes: int = SETTING_DEFAULTS[SettingId.INITIAL_CONNECTION_WINDOW]
+    """Starting receive window of the whole connection, across its streams."""
+
+    max_connection_window_bytes: int = 64 * MiB
+    """Cap of the connection's auto-tuned receive window: the most all streams
+    of one tunnel connection together can make us buffer."""
+
+    max_metadata_bytes: int = SETTING_DEFAULTS[SettingId.MAX_METADATA_BYTES]
+    """Largest OPEN metadata block we accept."""
+
+    ping_interval_s: float = 2.0
+    """How often we PING to measure RTT and prove the peer alive."""
+
+    ping_timeout_s: float = 6.0
+    """With nothing received for this long, the peer is declared dead."""
+
+    stall_timeout_s: float = 60.0
+    """A stream with data to send and no send window for this long is reset
+    (STALLED): a peer cannot pin our buffers by never granting credit."""
+
+    error_budget: float = 1000.0
+    """Points of suspicious peer behaviour tolerated at once (PROTOCOL.md §8)."""
+
+    error_budget_refill_per_s: float = 100.0
+    """Points the budget regains per second."""
+
+    max_pending_control_frames: int = 10000
+    """Control frames (PONG, WINDOW_UPDATE, RESET) we queue for a peer that does
+    not read them before giving up on it with ENHANCE_YOUR_CALM."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not MIN_FRAME_BYTES <= self.max_frame_bytes <= MAX_FRAME_BYTES_LIMIT:
+            problems.append(
+                f"max_frame_bytes must be in [{MIN_FRAME_BYTES}, {MAX_FRAME_BYTES_LIMIT}]"
+            )
+        if not 1 <= self.initial_stream_window_bytes <= self.max_stream_window_bytes <= MAX_WINDOW:
+            problems.append(
+                "need 1 <= initial_stream_window_bytes <= max_stream_window_bytes <= 2^31-1"
+            )
+        if not (
+            1
+            <= self.initial_connection_window_bytes
+            <= self.max_connection_window_bytes
+            <= MAX_WINDOW
+        ):
+            problems.append(
+                "need 1 <= initial_connection_window_bytes <= max_connection_window_bytes <= 2^31-1"
+            )
+        if self.max_concurrent_streams < 1:
+            problems.append("max_concurrent_streams must be at least 1")
+        if not 0 < self.ping_interval_s < self.ping_timeout_s:
+            problems.append("need 0 < ping_interval_s < ping_timeout_s")
+        if self.max_metadata_bytes < 64 or self.max_metadata_bytes > 65535:
+            problems.append("max_metadata_bytes must be in [64, 65535]")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def announced_settings(self) -> dict[int, int]:
+        """What we put in HELLO (PROTOCOL.md §5.1)."""
+        return {
+            SettingId.MAX_FRAME_BYTES: self.max_frame_bytes,
+            SettingId.MAX_CONCURRENT_STREAMS: self.max_concurrent_streams,
+            SettingId.INITIAL_STREAM_WINDOW: self.initial_stream_window_bytes,
+            SettingId.INITIAL_CONNECTION_WINDOW: self.initial_connection_window_bytes,
+            SettingId.MAX_METADATA_BYTES: self.max_metadata_bytes,
+        }

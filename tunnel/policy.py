@@ -1,0 +1,52 @@
+"""Pure decisions of the tunnel layer (STYLE.md §11): no I/O, no clock, no
+global randomness, so each can be tested exhaustively without sockets.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential backoff with *full jitter* (AWS architecture blog, "Exponential
+    Backoff And Jitter"): the delay before retry ``attempt`` (0-based) is uniform
+    in ``[0, min(cap_s, base_s * 2**attempt)]``. Full jitter spreads a fleet of
+    edges that lost their origin at the same moment, so they do not reconnect in
+    lock-step and knock it over again."""
+
+    base_s: float = 0.1
+    cap_s: float = 10.0
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        ceiling = min(self.cap_s, self.base_s * (2 ** min(attempt, 62)))
+        return rng.uniform(0.0, ceiling)
+
+
+class Candidate(Protocol):
+    """What :func:`choose_connection` needs to know of a connection."""
+
+    @property
+    def can_open_stream(self) -> bool: ...
+
+    @property
+    def open_streams(self) -> int: ...
+
+
+C = TypeVar("C", bound=Candidate)
+
+
+def choose_connection(candidates: Sequence[C]) -> C | None:
+    """The usable connection with the fewest open streams (first on ties), or
+    None. Least-streams keeps the pool's connections evenly loaded, so no single
+    TCP connection's congestion window carries most of the traffic."""
+    best: C | None = None
+    for candidate in candidates:
+        if candidate.can_open_stream and (
+            best is None or candidate.open_streams < best.open_streams
+        ):
+            best = candidate
+    return best
