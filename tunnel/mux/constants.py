@@ -100,7 +100,7 @@ class SettingId(enum.IntEnum):
 SETTING_DEFAULTS: dict[SettingId, int] = {
     SettingId.MAX_FRAME_BYTES: 65536,
     SettingId.MAX_CONCURRENT_STREAMS: 16384,
-    SettingId.INITIAL_STREAM_WINDOW: 1024 * 1024,
+    SettingId.INITIAL_STREAM_WINDOW: 256 * 1024,
     SettingId.INITIAL_CONNECTION_WINDOW: 16 * 1024 * 1024,
     SettingId.MAX_METADATA_BYTES: 4096,
 }

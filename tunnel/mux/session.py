@@ -27,7 +27,6 @@ from tunnel.mux.constants import (
     MAX_VERSION,
     MAX_WINDOW,
     MIN_VERSION,
-    PREFACE,
     SETTING,
     SETTING_DEFAULTS,
     U32,
@@ -62,6 +61,7 @@ from tunnel.mux.events import (
     StreamReset,
 )
 from tunnel.mux.metadata import StreamMetadata
+from tunnel.mux.reader import FrameReader, RawFrame
 from tunnel.mux.scheduler import RoundRobin
 from tunnel.mux.settings import SessionConfig
 from tunnel.mux.stream import Stream, StreamInput, StreamState
@@ -80,6 +80,9 @@ _FIXED_LENGTH = {
 }
 _MAX_SETTINGS_PAYLOAD = 4 + 6 * 64
 _MAX_OUTSTANDING_PINGS = 8
+#: RTT measurement PINGs while data flows: at most 20 a second, well inside the
+#: peer's error budget refill (PROTOCOL.md §8).
+_MEASURE_PING_INTERVAL_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +124,7 @@ class Session:
             frames.encode_hello(MIN_VERSION, MAX_VERSION, config.announced_settings())
         ]
         self._scheduler = RoundRobin()
-        self._buffer = bytearray()
-        self._preface_received = False
+        self._reader = FrameReader(max(config.max_frame_bytes, 4 + config.max_metadata_bytes))
         self.established = False
         self.version: int | None = None
         self.peer_settings: dict[int, int] = dict(SETTING_DEFAULTS)
@@ -132,16 +134,14 @@ class Session:
             config.initial_connection_window_bytes, config.max_connection_window_bytes, now
         )
         self._announced_stream_window = config.initial_stream_window_bytes
-        self._learned_window = max(
-            config.initial_stream_window_bytes,
-            min(learned_window_hint, config.max_stream_window_bytes),
-        )
+        self._learned_window = min(learned_window_hint, config.max_stream_window_bytes)
         self._budget = ErrorBudget(config.error_budget, config.error_budget_refill_per_s, now)
         self.rtt = RttEstimator()
         self._pings: dict[bytes, float] = {}
         self._ping_counter = itertools.count(1)
         self._last_received = now
         self._next_ping_at = now + config.ping_interval_s
+        self._last_measure_ping = now
         self._stalled: dict[int, float] = {}
         self._goaway_sent = False
         self._goaway_received = False
@@ -168,56 +168,29 @@ class Session:
         events: list[Event] = []
         self._last_received = now
         self._bytes_received += len(data)
-        buf = self._buffer
-        buf += data
         try:
-            pos = self._consume_preface(buf) if not self._preface_received else 0
-            pos = self._receive_frames(buf, pos, now, events)
-            del buf[:pos]
+            self._dispatch_frames(self._reader.feed(data), now, events)
         except ProtocolError as exc:
-            buf.clear()
             self._terminate(exc.code, _public_reason(exc.code), events)
         return events
 
-    def _consume_preface(self, buf: bytearray) -> int:
-        if len(buf) < len(PREFACE):
-            if not PREFACE.startswith(bytes(buf)):
-                raise ProtocolError("peer did not send the geoedge preface")
-            return 0
-        if buf[: len(PREFACE)] != PREFACE:
-            raise ProtocolError("peer did not send the geoedge preface")
-        self._preface_received = True
-        return len(PREFACE)
-
-    def _receive_frames(self, buf: bytearray, pos: int, now: float, events: list[Event]) -> int:
-        if not self._preface_received:
-            return pos
-        end = len(buf)
-        limit = max(self.config.max_frame_bytes, 4 + self.config.max_metadata_bytes)
-        while end - pos >= HEADER_SIZE:
-            frame_type, flags, stream_id, length = _unpack_header(buf, pos)
-            if length > limit:
-                raise FrameSizeError(f"frame of {length} octets exceeds our limit {limit}")
-            start = pos + HEADER_SIZE
-            if end - start < length:
-                break
-            pos = start + length
-            payload = bytes(buf[start:pos])
+    def _dispatch_frames(self, raw_frames: list[RawFrame], now: float, events: list[Event]) -> None:
+        handlers = self._handlers
+        for frame_type, flags, stream_id, payload in raw_frames:
             if not self.established and frame_type != FrameType.HELLO:
                 raise ProtocolError("first frame is not HELLO")
             try:
                 if frame_type == _DATA:
                     self._on_data(stream_id, flags, payload, now, events)
                 else:
-                    handler = self._handlers.get(frame_type)
+                    handler = handlers.get(frame_type)
                     if handler is not None:  # unknown types are ignored (§5)
                         handler(stream_id, flags, payload, now, events)
             except StreamError as exc:
                 self._charge(Cost.STREAM_ERROR, now)
                 self._reset_and_report(exc.stream_id, exc.code, events, remote=False)
             if self.terminated:
-                return pos
-        return pos
+                return
 
     def _on_data(
         self, stream_id: int, flags: int, payload: bytes, now: float, events: list[Event]
@@ -326,7 +299,10 @@ class Session:
             local=False,
             send_window=initial_window,
             recv_window=ReceiveWindow(
-                self._announced_stream_window, self.config.max_stream_window_bytes, now
+                self._announced_stream_window,
+                self.config.max_stream_window_bytes,
+                now,
+                self.config.min_stream_window_bytes,
             ),
         )
         self._streams[stream_id] = stream
@@ -398,6 +374,7 @@ class Session:
         if sent_at is None:
             raise ProtocolError("PONG for a PING we did not send")
         self.rtt.add_sample(now - sent_at)
+        self._announce_stream_window()
         events.append(PingAcknowledged(now - sent_at))
 
     def _on_goaway(
@@ -445,13 +422,16 @@ class Session:
         if len(encoded) > self.peer_settings[SettingId.MAX_METADATA_BYTES]:
             raise MetadataError("metadata larger than the peer's MAX_METADATA_BYTES")
         self._next_stream_id += 2
-        window = self._learned_window
+        window = self.stream_window_estimate()
         stream = Stream(
             stream_id,
             local=True,
             send_window=self.peer_settings[SettingId.INITIAL_STREAM_WINDOW],
             recv_window=ReceiveWindow(
-                window, self.config.max_stream_window_bytes, self._last_received
+                window,
+                self.config.max_stream_window_bytes,
+                self._last_received,
+                self.config.min_stream_window_bytes,
             ),
         )
         self._streams[stream_id] = stream
@@ -502,31 +482,56 @@ class Session:
         stream = self._streams.get(stream_id)
         if stream is None or self.terminated:
             return  # a forgotten stream's credit went back when it closed
-        srtt = self.rtt.smoothed
-        increment = self._recv_window.consume(n, now, srtt)
+        rtt = self.rtt
+        # The connection window is a memory bound, not a rate control: it is
+        # sized from the stream estimate (_announce_stream_window), not tuned.
+        increment = self._recv_window.consume(n, now)
         if increment:
             self._control.append(frames.encode_window_update(0, increment))
-        increment = stream.recv_window.consume(n, now, srtt)
+        increment = stream.recv_window.consume(n, now, rtt)
         if increment and not stream.peer_ended:
             self._control.append(frames.encode_window_update(stream_id, increment))
+            if now - self._last_measure_ping >= _MEASURE_PING_INTERVAL_S:
+                self._last_measure_ping = now  # keep the delay signal fresh (window.py)
+                self._send_ping(now)
             if stream.recv_window.size > self._learned_window:
                 self._learn_window(stream.recv_window.size, now)
 
     def _learn_window(self, size: int, now: float) -> None:
-        """A stream proved the path needs a bigger window: seed new streams with
-        it, ours through OPEN, the peer's through a SETTINGS update (§5.2), and
-        make sure the connection window can carry it."""
+        """A stream proved the path needs a bigger window: seed new streams with it."""
         self._learned_window = size
-        if size >= 2 * self._announced_stream_window:
-            self._announced_stream_window = size
-            self._control.append(frames.encode_settings({SettingId.INITIAL_STREAM_WINDOW: size}))
-        increment = self._recv_window.raise_size(2 * size)
+        self._announce_stream_window()
+
+    def stream_window_estimate(self) -> int:
+        """The receive window a new stream starts with (PROTOCOL.md §7.5): the
+        connection's bandwidth-delay estimate, i.e. the larger of the measured
+        minimum RTT times ``initial_rate_bytes_per_s`` and the largest window a
+        stream has auto-tuned to; before any RTT sample, the configured
+        ``initial_stream_window_bytes``. Clamped to the configured bounds."""
+        config = self.config
+        rtt = self.rtt.min
+        if rtt is None:
+            estimate = config.initial_stream_window_bytes
+        else:
+            estimate = int(rtt * config.initial_rate_bytes_per_s)
+        estimate = max(estimate, self._learned_window, config.min_stream_window_bytes)
+        return min(estimate, config.max_stream_window_bytes)
+
+    def _announce_stream_window(self) -> None:
+        """Streams the peer opens start from our announced INITIAL_STREAM_WINDOW;
+        raise it (it may only grow, §5.2) when the estimate has doubled, and make
+        sure the connection window can carry such streams."""
+        target = self.stream_window_estimate()
+        if target >= 2 * self._announced_stream_window:
+            self._announced_stream_window = target
+            self._control.append(frames.encode_settings({SettingId.INITIAL_STREAM_WINDOW: target}))
+        increment = self._recv_window.raise_size(2 * target)
         if increment:
             self._control.append(frames.encode_window_update(0, increment))
 
     def _return_connection_credit(self, n: int, now: float) -> None:
         if n:
-            increment = self._recv_window.consume(n, now, self.rtt.smoothed)
+            increment = self._recv_window.consume(n, now)
             if increment:
                 self._control.append(frames.encode_window_update(0, increment))
 

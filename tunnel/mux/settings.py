@@ -31,9 +31,19 @@ class SessionConfig:
     """Streams the peer may have open towards us at once; more are refused."""
 
     initial_stream_window_bytes: int = SETTING_DEFAULTS[SettingId.INITIAL_STREAM_WINDOW]
-    """The floor of a new stream's receive window. New streams start at the
-    larger of this and what the connection has learned (see :mod:`.window`).
-    1 MiB lets a 768 KB response cross a long link in one round trip."""
+    """Receive window of streams opened before the connection has measured its
+    RTT (announced in HELLO). Afterwards new streams start from the connection's
+    bandwidth-delay estimate (:meth:`Session.stream_window_estimate`)."""
+
+    initial_rate_bytes_per_s: int = 8 * MiB
+    """The path rate assumed before streams have shown a faster one: new streams
+    start at ``min_rtt * initial_rate_bytes_per_s``. At 265 ms that is 2.1 MiB,
+    so a 768 KB response crosses a long link in one round trip; on loopback it
+    is tiny, so a bulk transfer cannot queue milliseconds of data ahead of a
+    small response. Auto-tuning takes it from there (see :mod:`.window`)."""
+
+    min_stream_window_bytes: int = 64 * KiB
+    """Smallest window a new stream starts with."""
 
     max_stream_window_bytes: int = 16 * MiB
     """Cap of a stream's auto-tuned receive window: the most one stream can
@@ -75,9 +85,16 @@ class SessionConfig:
             problems.append(
                 f"max_frame_bytes must be in [{MIN_FRAME_BYTES}, {MAX_FRAME_BYTES_LIMIT}]"
             )
-        if not 1 <= self.initial_stream_window_bytes <= self.max_stream_window_bytes <= MAX_WINDOW:
+        if not (
+            1
+            <= self.min_stream_window_bytes
+            <= self.initial_stream_window_bytes
+            <= self.max_stream_window_bytes
+            <= MAX_WINDOW
+        ):
             problems.append(
-                "need 1 <= initial_stream_window_bytes <= max_stream_window_bytes <= 2^31-1"
+                "need 1 <= min_stream_window_bytes <= initial_stream_window_bytes"
+                " <= max_stream_window_bytes <= 2^31-1"
             )
         if not (
             1
@@ -88,6 +105,8 @@ class SessionConfig:
             problems.append(
                 "need 1 <= initial_connection_window_bytes <= max_connection_window_bytes <= 2^31-1"
             )
+        if self.initial_rate_bytes_per_s < 1:
+            problems.append("initial_rate_bytes_per_s must be positive")
         if self.max_concurrent_streams < 1:
             problems.append("max_concurrent_streams must be at least 1")
         if not 0 < self.ping_interval_s < self.ping_timeout_s:
