@@ -1,0 +1,1 @@
+"""What both daemons share: config loading, logs, metrics, workers, the ``geoedge`` command."""
