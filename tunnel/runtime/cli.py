@@ -1,0 +1,259 @@
+"""The ``geoedge`` command: PKI and WireGuard tooling, the local demo, the version.
+
+Each subcommand is a thin shell over a library function (:mod:`tunnel.runtime.pki`,
+:mod:`tunnel.runtime.wireguard`, :mod:`tunnel.runtime.demo`), so everything the
+command does can also be done, and is tested, from Python. The demo is
+imported only when asked for: it pulls in the daemons, which the PKI commands
+on a bare CA host do not need.
+
+Exit status: 0 on success, 1 when the request cannot be honoured (the message
+says why), 2 for a usage error (argparse's convention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+
+from tunnel.runtime import pki, wireguard
+
+__all__ = ["build_parser", "main"]
+
+PROG = "geoedge"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["demo"]:
+        # Everything after "demo" belongs to the demo, --help included; argparse's
+        # REMAINDER cannot pass an option-like first argument through.
+        return _run_demo(args_list[1:])
+    try:
+        args = parser.parse_args(args_list)
+    except SystemExit as exc:  # --help, or a usage error already printed by argparse
+        return exc.code if isinstance(exc.code, int) else 2
+    if not hasattr(args, "handler"):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.handler(args) or 0)
+    except (pki.PkiError, wireguard.WireguardToolingError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="geo-edge TLS termination with persistent tunnels"
+    )
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    _add_pki(commands)
+    _add_wireguard(commands)
+    # Listed for --help only: main() hands "demo ..." to the demo before parsing.
+    commands.add_parser("demo", help="run origin, edge and sample Node.js backends on localhost")
+    version = commands.add_parser("version", help="print the version")
+    version.set_defaults(handler=_run_version)
+    return parser
+
+
+# --- pki -----------------------------------------------------------------------------
+
+
+def _add_pki(commands: argparse._SubParsersAction) -> None:
+    pki_parser = commands.add_parser("pki", help="private CA, server and tunnel certificates")
+    sub = pki_parser.add_subparsers(title="pki commands", metavar="PKI_COMMAND", required=True)
+
+    init = sub.add_parser("init", help="create a CA (ca.pem, ca-key.pem)")
+    init.add_argument("--dir", required=True, type=Path, help="CA directory")
+    init.add_argument("--name", default="geoedge private CA", help="CA common name")
+    init.add_argument("--days", type=int, default=3650)
+    init.add_argument("--force", action="store_true", help="replace an existing CA")
+    init.set_defaults(handler=_pki_init)
+
+    server = sub.add_parser("server", help="issue a TLS server certificate for the edge")
+    server.add_argument("--dir", required=True, type=Path, help="CA directory")
+    server.add_argument(
+        "--name",
+        action="append",
+        required=True,
+        dest="names",
+        help="DNS name, *.wildcard or IP address (repeat; the first is the CN)",
+    )
+    server.add_argument("--rsa", action="store_true", help="RSA-2048 key instead of ECDSA P-256")
+    server.add_argument("--out", default="server", help="basename of the files (default: server)")
+    server.add_argument("--out-dir", type=Path, help="where to write (default: --dir)")
+    server.add_argument("--days", type=int, default=825)
+    server.set_defaults(handler=_pki_server)
+
+    peer = sub.add_parser("peer", help="issue a tunnel mutual-TLS certificate")
+    peer.add_argument("--dir", required=True, type=Path, help="CA directory")
+    peer.add_argument("--role", required=True, choices=["edge", "origin"])
+    peer.add_argument("--id", required=True, dest="identity", help="identity, e.g. tokyo-1")
+    peer.add_argument(
+        "--dns", action="append", default=[], dest="dns_names", help="DNS SAN (repeat)"
+    )
+    peer.add_argument("--out", help="basename of the files (default: <role>-<id>)")
+    peer.add_argument("--out-dir", type=Path, help="where to write (default: --dir)")
+    peer.add_argument("--days", type=int, default=825)
+    peer.set_defaults(handler=_pki_peer)
+
+    show = sub.add_parser("show", help="subject, SANs, identity and expiry of certificates")
+    show.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    show.set_defaults(handler=_pki_show)
+
+
+def _pki_init(args: argparse.Namespace) -> int:
+    paths = pki.create_ca(args.dir, name=args.name, days=args.days, overwrite=args.force)
+    _print_written(paths)
+    return 0
+
+
+def _pki_server(args: argparse.Namespace) -> int:
+    paths = pki.issue_server_cert(
+        args.dir,
+        args.out_dir or args.dir,
+        args.out,
+        args.names,
+        key_type="rsa" if args.rsa else "ecdsa",
+        days=args.days,
+    )
+    _print_written(paths)
+    return 0
+
+
+def _pki_peer(args: argparse.Namespace) -> int:
+    paths = pki.issue_peer_cert(
+        args.dir,
+        args.out_dir or args.dir,
+        args.out or f"{args.role}-{args.identity}",
+        args.identity,
+        role=args.role,
+        dns_names=args.dns_names,
+        days=args.days,
+    )
+    _print_written(paths)
+    return 0
+
+
+def _pki_show(args: argparse.Namespace) -> int:
+    print("\n\n".join(pki.describe_certificate(path) for path in args.files))
+    return 0
+
+
+def _print_written(paths: pki.CertPaths) -> None:
+    print(f"wrote {paths.cert}")
+    print(f"wrote {paths.key} (mode 0600)")
+
+
+# --- wireguard -----------------------------------------------------------------------
+
+
+def _add_wireguard(commands: argparse._SubParsersAction) -> None:
+    wg_parser = commands.add_parser("wireguard", help="WireGuard keys and configs")
+    sub = wg_parser.add_subparsers(title="wireguard commands", metavar="WG_COMMAND", required=True)
+
+    keys = sub.add_parser("keys", help="generate a key pair")
+    keys.add_argument(
+        "--out", type=Path, help="write PREFIX.key (mode 0600) and PREFIX.pub instead of printing"
+    )
+    keys.set_defaults(handler=_wg_keys)
+
+    mesh = sub.add_parser("mesh", help="wg-quick configs for an origin and its edges")
+    mesh.add_argument("--origin-endpoint", required=True, help="public HOST:PORT of the origin")
+    mesh.add_argument("--origin-ip", required=True, help="the origin's WireGuard address")
+    mesh.add_argument(
+        "--edge",
+        action="append",
+        required=True,
+        dest="edges",
+        metavar="ID=ADDRESS",
+        help="an edge and its WireGuard address (repeat)",
+    )
+    mesh.add_argument("--network", help="WireGuard network (default: the origin's /24 or /64)")
+    mesh.add_argument("--tunnel-port", type=int, default=wireguard.DEFAULT_TUNNEL_PORT)
+    mesh.add_argument("--out", required=True, type=Path, help="output directory")
+    mesh.add_argument(
+        "--rotate-keys", action="store_true", help="new keys even where configs exist in --out"
+    )
+    mesh.set_defaults(handler=_wg_mesh)
+
+
+def _wg_keys(args: argparse.Namespace) -> int:
+    pair = wireguard.generate_keypair()
+    if args.out is None:
+        print(f"PrivateKey = {pair.private}")
+        print(f"PublicKey = {pair.public}")
+        return 0
+    prefix: Path = args.out
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    private_path = prefix.with_name(prefix.name + ".key")
+    public_path = prefix.with_name(prefix.name + ".pub")
+    pki.write_file_atomically(private_path, f"{pair.private}\n".encode(), mode=0o600)
+    pki.write_file_atomically(public_path, f"{pair.public}\n".encode(), mode=0o644)
+    print(f"wrote {private_path} (mode 0600)")
+    print(f"wrote {public_path}: {pair.public}")
+    return 0
+
+
+def _wg_mesh(args: argparse.Namespace) -> int:
+    edges = [wireguard.parse_edge_assignment(text) for text in args.edges]
+    keys = (
+        {} if args.rotate_keys or not args.out.exists() else wireguard.read_existing_keys(args.out)
+    )
+    mesh = wireguard.plan_mesh(
+        args.origin_endpoint,
+        args.origin_ip,
+        edges,
+        network=args.network,
+        tunnel_port=args.tunnel_port,
+        keys=keys,
+    )
+    for path in wireguard.write_mesh(mesh, args.out):
+        print(f"wrote {path} (mode 0600)")
+    members = {"origin", *dict(edges)}
+    reused = sorted(name for name in keys if name in members)
+    if reused:
+        print(f"reused existing keys of: {', '.join(reused)}")
+    for name in sorted(set(keys) - members):
+        stale = args.out / wireguard.edge_config_file(name)
+        print(f"note: {stale} is not part of this mesh (left alone)", file=sys.stderr)
+    print()
+    print(wireguard.origin_listener_snippet(mesh))
+    for edge in mesh.edges:
+        print()
+        print(wireguard.edge_snippet(mesh, edge.name))
+    return 0
+
+
+# --- demo, version -------------------------------------------------------------------
+
+
+def _run_demo(demo_args: list[str]) -> int:
+    try:
+        demo = importlib.import_module("tunnel.runtime.demo")
+    except ModuleNotFoundError as exc:
+        if exc.name != "tunnel.runtime.demo":
+            raise  # a dependency of the demo is missing: show the real error
+        print(
+            f"{PROG}: error: this installation has no demo (tunnel.runtime.demo)", file=sys.stderr
+        )
+        return 1
+    return int(demo.main(demo_args) or 0)
+
+
+def _run_version(args: argparse.Namespace) -> int:
+    try:
+        version = metadata.version("geoedge")
+    except metadata.PackageNotFoundError:
+        version = "unknown (not installed)"
+    print(f"{PROG} {version}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
