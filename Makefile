@@ -13,14 +13,19 @@ STAMPS := $(VENV)/.stamps
 
 .PHONY: venv node test lint demo bench-tunnel bench-edge wan apt-base clean
 
+# Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
+# for real peers (haproxy) and the WAN emulator (iptables, libnetfilter-queue).
+APT_PACKAGES := haproxy iptables iproute2 libnetfilter-queue-dev gcc python3-dev
+
 $(STAMPS)/apt-base:
 	@mkdir -p $(STAMPS)
 	@need=""; \
 	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || need="$$need python3-venv"; \
 	command -v node >/dev/null || need="$$need nodejs npm"; \
+	for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || need="$$need $$p"; done; \
 	if [ -n "$$need" ]; then \
 	  echo "installing apt packages:$$need"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need >/dev/null; \
 	fi
 	@touch $@
 
@@ -34,8 +39,6 @@ $(STAMPS)/py-test: pyproject.toml $(VENV)/bin/python
 	@touch $@
 
 $(STAMPS)/py-load: pyproject.toml $(STAMPS)/py-test
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libnetfilter-queue-dev iptables iproute2 haproxy >/dev/null \
-	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libnetfilter-queue-dev iptables iproute2 haproxy)
 	$(PY) -m pip install -q -e '.[test,load]'
 	@touch $@
 

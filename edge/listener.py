@@ -1,0 +1,147 @@
+"""Listeners: TLS, TLS behind a PROXY-protocol load balancer, plain-HTTP redirect.
+
+A PROXY header arrives *before* the TLS ClientHello, so a PROXY listener cannot
+hand its socket straight to ``create_server(ssl=...)``. It accepts the socket
+itself, reads exactly the header with ``MSG_PEEK`` (so not one byte of the
+ClientHello is consumed), and then gives the socket to
+``connect_accepted_socket(ssl=...)``. Headers are accepted only from the
+configured trusted CIDRs; a trusted peer without a header, or an untrusted one
+with a header, is refused with a logged reason (issue: "connections without the
+header from those peers, or with it from others, are refused").
+
+The accept loop survives EMFILE by sleeping, as trio's does, instead of dying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import ipaddress
+import logging
+import socket
+import ssl
+from collections.abc import Callable
+
+from edge.config import ListenerConfig
+from tunnel.codecs.proxy import ProxyHeaderParser, ProxyProtocolError, looks_like_proxy_header
+
+log = logging.getLogger("geoedge.edge")
+
+PROXY_HEADER_TIMEOUT_S = 5.0
+_MAX_PEEK = 4096 + 16
+
+
+class PeerRefused(Exception):
+    """A connection refused before TLS; the message is the logged reason."""
+
+
+def is_trusted(address: str, networks: tuple[object, ...]) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    if ip.version == 6 and ip.ipv4_mapped is not None:  # type: ignore[union-attr]
+        ip = ip.ipv4_mapped  # type: ignore[union-attr]
+    return any(ip in net for net in networks)  # type: ignore[operator]
+
+
+async def _wait_readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    future = loop.create_future()
+    loop.add_reader(sock.fileno(), future.set_result, None)
+    try:
+        await future
+    finally:
+        loop.remove_reader(sock.fileno())
+
+
+async def read_proxy_header(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket
+) -> tuple[str, int] | None:
+    """Consume exactly one PROXY header from ``sock``; the client address (None
+    for a LOCAL header, e.g. the load balancer's own health check)."""
+    while True:
+        await _wait_readable(loop, sock)
+        peeked = sock.recv(_MAX_PEEK, socket.MSG_PEEK)
+        if not peeked:
+            raise PeerRefused("closed before sending a PROXY header")
+        if looks_like_proxy_header(peeked) is False:
+            raise PeerRefused("no PROXY header from a trusted peer")
+        parser = ProxyHeaderParser(max_v2_bytes=4096)  # peeked bytes are re-read whole
+        try:
+            header = parser.feed(peeked)
+        except ProxyProtocolError as exc:
+            raise PeerRefused(f"malformed PROXY header: {exc}") from None
+        if header is not None:
+            sock.recv(len(peeked) - len(parser.remainder))  # the header only; TLS follows
+            return header.source
+        if len(peeked) >= _MAX_PEEK:
+            raise PeerRefused("PROXY header too long")
+        await asyncio.sleep(0.001)  # partial header: wait for the rest
+
+
+async def serve_proxy_listener(
+    sock: socket.socket,
+    config: ListenerConfig,
+    ssl_context: ssl.SSLContext,
+    handshake_timeout_s: float,
+    factory: Callable[[tuple[str, int] | None, bool], asyncio.Protocol],
+    on_refused: Callable[[str], None],
+) -> None:
+    """Accept loop of a listener behind a PROXY-protocol load balancer."""
+    loop = asyncio.get_running_loop()
+    sock.setblocking(False)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def handle(conn: socket.socket, peer: tuple[str, int]) -> None:
+        try:
+            if not is_trusted(peer[0], config.trusted_proxies):
+                # Untrusted: a PROXY header from it would be a spoofing attempt.
+                async with asyncio.timeout(PROXY_HEADER_TIMEOUT_S):
+                    await _wait_readable(loop, conn)
+                if looks_like_proxy_header(conn.recv(16, socket.MSG_PEEK)):
+                    raise PeerRefused(f"PROXY header from untrusted peer {peer[0]}")
+                client = peer
+            else:
+                async with asyncio.timeout(PROXY_HEADER_TIMEOUT_S):
+                    client = await read_proxy_header(loop, conn) or peer
+            await loop.connect_accepted_socket(
+                lambda: factory(client, True),
+                conn,
+                ssl=ssl_context,
+                ssl_handshake_timeout=handshake_timeout_s,
+            )
+        except (PeerRefused, TimeoutError, OSError) as exc:
+            reason = str(exc) or type(exc).__name__
+            log.warning("refused connection from %s:%s: %s", peer[0], peer[1], reason)
+            on_refused("proxy_protocol")
+            conn.close()
+
+    while True:
+        try:
+            conn, peer = await loop.sock_accept(sock)
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                log.error("accept failed (%s); pausing accepts for 100 ms", exc)
+                await asyncio.sleep(0.1)
+                continue
+            raise
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        task = asyncio.create_task(handle(conn, (peer[0], peer[1])))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+
+def bind_listener(address: tuple[str, int], *, backlog: int = 4096) -> socket.socket:
+    """Bind a listening socket (in the supervisor, before the workers fork)."""
+    host, port = address
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    sock.bind((host, port))
+    sock.listen(backlog)
+    sock.setblocking(False)
+    return sock

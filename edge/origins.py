@@ -1,0 +1,107 @@
+"""The origins an edge can reach, each through its own pool of tunnel connections.
+
+Which origin takes a new stream is a pure decision (:func:`choose_origin`):
+only origins with a usable tunnel are candidates (health), the closest by
+measured RTT wins, and origins within ``RTT_SLACK`` of the closest share new
+streams by weight, so two origins in the same region both carry load while a
+far one is only a fallback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from edge.config import OriginConfig
+from tunnel.aio.pool import NoTunnelAvailable, PoolStatistics, TunnelPool
+from tunnel.aio.stream import TunnelStream
+from tunnel.aio.transport import dial_ssl_context, dial_tunnel
+from tunnel.mux import SessionConfig, StreamMetadata
+from tunnel.policy import Backoff
+
+#: Origins whose RTT is within this factor (plus 2 ms) of the best share streams.
+RTT_SLACK = 1.5
+
+
+@dataclass(frozen=True, slots=True)
+class OriginCandidate:
+    name: str
+    usable: bool
+    srtt_s: float | None
+    weight: int
+
+
+def choose_origin(candidates: Sequence[OriginCandidate], rng: random.Random) -> str | None:
+    """The origin for a new stream, or None when no tunnel is usable."""
+    usable = [c for c in candidates if c.usable]
+    if not usable:
+        return None
+    measured = [c.srtt_s for c in usable if c.srtt_s is not None]
+    if measured:
+        limit = min(measured) * RTT_SLACK + 0.002
+        usable = [c for c in usable if c.srtt_s is None or c.srtt_s <= limit]
+    if len(usable) == 1:
+        return usable[0].name
+    return rng.choices([c.name for c in usable], weights=[c.weight for c in usable])[0]
+
+
+class OriginSet:
+    """One :class:`TunnelPool` per configured origin."""
+
+    def __init__(self, origins: Sequence[OriginConfig], session_config: SessionConfig) -> None:
+        self._configs = {o.name: o for o in origins}
+        self._rng = random.Random()
+        self.pools: dict[str, TunnelPool] = {}
+        for origin in origins:
+            dial_config = origin.tunnel
+            ssl_context = dial_ssl_context(dial_config)
+
+            async def dial(hint: int, _c=dial_config, _s=ssl_context) -> object:
+                return await dial_tunnel(
+                    _c, session_config, ssl_context=_s, learned_window_hint=hint
+                )
+
+            self.pools[origin.name] = TunnelPool(
+                origin.name,
+                dial,  # type: ignore[arg-type]
+                size=dial_config.connections,
+                backoff=Backoff(dial_config.backoff_base_s, dial_config.backoff_cap_s),
+            )
+
+    def start(self) -> None:
+        for pool in self.pools.values():
+            pool.start()
+
+    def candidates(self) -> list[OriginCandidate]:
+        return [
+            OriginCandidate(name, pool.usable, pool.srtt_s, self._configs[name].weight)
+            for name, pool in self.pools.items()
+        ]
+
+    def open_stream(
+        self, metadata: StreamMetadata, factory: Callable[[], asyncio.BaseProtocol]
+    ) -> tuple[str, TunnelStream]:
+        name = choose_origin(self.candidates(), self._rng)
+        if name is None:
+            raise NoTunnelAvailable("no usable tunnel to any origin")
+        return name, self.pools[name].open_stream(metadata, factory)
+
+    @property
+    def any_usable(self) -> bool:
+        return any(pool.usable for pool in self.pools.values())
+
+    async def wait_ready(self) -> None:
+        await asyncio.wait(
+            [asyncio.ensure_future(p.wait_ready()) for p in self.pools.values()],
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+
+    def statistics(self) -> list[PoolStatistics]:
+        return [pool.statistics() for pool in self.pools.values()]
+
+    async def close(self, drain_timeout_s: float = 0.0) -> None:
+        await asyncio.gather(
+            *(p.close(drain_timeout_s=drain_timeout_s) for p in self.pools.values())
+        )
