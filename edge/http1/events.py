@@ -1,0 +1,185 @@
+"""Events of the HTTP/1.1 readers, named in the past tense (STYLE.md §5).
+
+Frozen, slotted dataclasses: cheap on the hot path and safe to hand across
+layers. Header names in ``headers`` tuples are lowercased (as in h11); the
+``head`` bytes keep the sender's spelling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Headers = tuple[tuple[bytes, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WebSocketUpgrade:
+    """A valid RFC 6455 opening handshake: what the response check needs."""
+
+    method: bytes
+    key: bytes
+
+
+# Request side (client → edge) -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeadReceived:
+    """A request head arrived, was validated and rewritten.
+
+    ``head`` is what to forward: request line, rewritten headers, CRLFCRLF.
+    ``replayable`` is true when ``head`` alone is the whole request (no body)
+    and the method is idempotent, so the edge may resend it once on a fresh
+    stream if the backend closes before any response byte (RFC 9110 §9.2.2).
+    """
+
+    method: bytes
+    target: bytes
+    http_version: bytes
+    headers: Headers
+    head: bytes
+    host: str | None
+    request_id: str
+    keep_alive: bool
+    websocket_upgrade: WebSocketUpgrade | None
+    idempotent: bool
+    expects_body: bool
+    replayable: bool
+    content_length: int | None
+    chunked: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RequestBodyReceived:
+    """Body bytes to forward exactly as they must appear on the wire to the backend."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCompleted:
+    """The current request (head and body) has been fully received."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRejected:
+    """The client broke HTTP/1.1; the edge answers ``status`` and closes.
+
+    ``reason`` is for logs only: never send it to anyone. The reader is dead
+    afterwards: ``feed`` ignores everything.
+    """
+
+    status: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClientClosed:
+    """The client closed its sending side between requests (or inside a tunnel)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TunnelBytes:
+    """After a WebSocket upgrade: raw bytes to pass through untouched."""
+
+    data: bytes
+
+
+RequestEvent = (
+    RequestHeadReceived
+    | RequestBodyReceived
+    | RequestCompleted
+    | RequestRejected
+    | ClientClosed
+    | TunnelBytes
+)
+
+
+# Response side (backend → edge) ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHeadReceived:
+    """A response head arrived; forward ``head`` as it is (raw bytes).
+
+    ``status < 200`` marks an interim response (100, 103...): forward it and
+    keep waiting for the final one. ``content_length``/``chunked`` describe
+    the headers; a HEAD, 204 or 304 response has no body whatever they say.
+    """
+
+    status: int
+    reason: bytes
+    http_version: bytes
+    headers: Headers
+    head: bytes
+    keep_alive: bool
+    content_length: int | None
+    chunked: bool
+
+    @property
+    def informational(self) -> bool:
+        return self.status < 200
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseBodyReceived:
+    """Raw response body bytes (chunk framing included): forward as they are."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseCompleted:
+    """The final response ended. ``close_after``: the connection must close now
+    (the response said so, or its body was delimited by the backend's EOF)."""
+
+    close_after: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WebSocketAccepted:
+    """A valid 101 answered a WebSocket upgrade: from now on, raw tunnel bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class WebSocketRefused:
+    """A 101 whose handshake answer is wrong (missing/wrong ``Sec-WebSocket-Accept``,
+    no ``Upgrade: websocket``). Nothing was forwarded: the edge must send 502 and
+    close. The reader is dead afterwards."""
+
+    status: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseInvalid:
+    """The backend broke HTTP/1.1. If a head was already forwarded the edge can
+    only close; otherwise it sends 502 and closes. The reader is dead afterwards."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class BackendClosed:
+    """The backend closed its side.
+
+    ``before_response``: a request was outstanding and not one byte of its
+    response had arrived (an idempotent bodiless request may be replayed).
+    ``mid_response``: a response had started and was not complete. Both false:
+    a clean close after complete responses (Node.js closes idle keep-alive
+    sockets after 5 s).
+    """
+
+    before_response: bool
+    mid_response: bool
+
+
+ResponseEvent = (
+    ResponseHeadReceived
+    | ResponseBodyReceived
+    | ResponseCompleted
+    | WebSocketAccepted
+    | WebSocketRefused
+    | ResponseInvalid
+    | BackendClosed
+    | TunnelBytes
+)

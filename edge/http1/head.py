@@ -1,0 +1,252 @@
+"""One message head, start line to empty line, parsed by llhttp inside our own bounds.
+
+Why a frame around llhttp (httptools) rather than feeding it the whole stream:
+
+- httptools accumulates a header value that spans several ``feed_data`` calls
+  with no bound, and llhttp has no limit on the start line or head size, so we
+  find the end of the head ourselves (``bytes.find`` in C) and feed llhttp
+  only bytes that fit in :class:`~edge.http1.limits.HttpLimits`;
+- httptools cannot tell us where in a buffer a message ended (except for an
+  upgrade), so we hand it exactly one head and never a body byte: body
+  framing is ours (:mod:`edge.http1.chunked`), with the limits llhttp lacks;
+- the start line is fed in one piece once its CRLF is in, so whether an
+  unknown method gets 501 or 400 does not depend on how the bytes were split.
+
+llhttp still does what it is good at, strictly (no leniency flags set):
+method, target and version syntax, header-name tokens, header-value
+characters (NUL, CR, DEL...), bare LF, obs-fold, duplicate Content-Length,
+Content-Length with Transfer-Encoding. A fresh llhttp parser serves each head
+(0.2 µs to create).
+"""
+
+from __future__ import annotations
+
+import httptools
+
+from edge.http1.errors import MessageRejected
+from edge.http1.limits import HttpLimits
+from edge.http1.syntax import LINE_FORBIDDEN_RE, REQUEST_LINE_RE
+
+_SUPPORTED_VERSIONS = ("1.1", "1.0")
+_CRLF = b"\r\n"
+_END = b"\r\n\r\n"
+
+
+class _TooManyHeaders(Exception):
+    """Raised from inside an llhttp callback to stop parsing at once."""
+
+
+class HeadParser:
+    """Parses one head incrementally; :meth:`feed` returns where the head ended.
+
+    For requests the bytes are not kept (the reader re-serialises the head);
+    for responses (``keep_raw``) they are, because the head is forwarded raw.
+    """
+
+    __slots__ = (
+        "_complete",
+        "_fed",
+        "_is_response",
+        "_keep_raw",
+        "_limits",
+        "_line",
+        "_line_done",
+        "_parser",
+        "_raw",
+        "_tail",
+        "headers",
+        "http_version",
+        "method",
+        "reason",
+        "status",
+        "target",
+    )
+
+    def __init__(self, limits: HttpLimits, *, response: bool) -> None:
+        self._limits = limits
+        self._is_response = response
+        self._keep_raw = response
+        self._fed = 0
+        self._line = b""
+        self._line_done = False
+        self._tail = b""
+        self._raw: list[bytes] = []
+        self._complete = False
+        self._parser: httptools.HttpRequestParser | httptools.HttpResponseParser | None = None
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.method = b""
+        self.target = b""
+        self.http_version = b""
+        self.status = 0
+        self.reason = b""
+
+    @property
+    def started(self) -> bool:
+        """At least one byte of this head has arrived."""
+        return self._fed > 0 or bool(self._line)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of this head held so far (by us or inside llhttp's callbacks)."""
+        return self._fed + len(self._line)
+
+    @property
+    def raw(self) -> bytes:
+        """The head's bytes as received (responses only), once :meth:`feed` found its end."""
+        return self._raw[0] if len(self._raw) == 1 else b"".join(self._raw)
+
+    def feed(self, data: bytes, pos: int) -> int:
+        """Consume head bytes from ``data[pos:]``.
+
+        Returns the index just past the empty line that ends the head, or -1
+        when all of ``data[pos:]`` was consumed and the head goes on. Raises
+        :class:`MessageRejected`.
+        """
+        if not self._line_done:
+            pos = self._feed_start_line(data, pos)
+            if pos < 0:
+                return -1
+        return self._feed_fields(data, pos)
+
+    # Start line ------------------------------------------------------------------
+
+    def _feed_start_line(self, data: bytes, pos: int) -> int:
+        line_cap = self._limits.max_request_line_bytes + 2  # with its CRLF
+        while True:
+            budget = line_cap - len(self._line)
+            newline = data.find(b"\n", pos, pos + budget)
+            if newline < 0:
+                chunk = data[pos : pos + budget]
+                if LINE_FORBIDDEN_RE.search(chunk) is not None:
+                    raise MessageRejected(400, "invalid byte in the start line")
+                if len(chunk) >= budget:
+                    raise MessageRejected(414, "start line too long")
+                self._check_budget(len(chunk))
+                self._line += chunk
+                return -1
+            line = self._line + data[pos : newline + 1]
+            self._line = b""
+            pos = newline + 1
+            if line == _CRLF and not self._is_response:
+                self._fed += 2  # RFC 9112 §2.2: ignore empty lines before a request line
+                self._check_budget(0)
+                continue
+            self._start(line)
+            return pos
+
+    def _start(self, line: bytes) -> None:
+        self._fed += len(line)
+        self._check_budget(0)
+        if not line.endswith(_CRLF):
+            raise MessageRejected(400, "start line ends in a bare LF")
+        if LINE_FORBIDDEN_RE.search(line, 0, len(line) - 2) is not None:
+            raise MessageRejected(400, "invalid byte in the start line")
+        parser: httptools.HttpRequestParser | httptools.HttpResponseParser
+        if self._is_response:
+            parser = httptools.HttpResponseParser(self)
+        else:
+            parser = httptools.HttpRequestParser(self)
+        self._parser = parser
+        try:
+            parser.feed_data(line)
+        except httptools.HttpParserInvalidMethodError:
+            raise MessageRejected(*self._bad_method(line)) from None
+        except httptools.HttpParserError as exc:
+            status = self._bad_version_status(line)
+            raise MessageRejected(status, f"bad start line: {exc}") from None
+        version = parser.get_http_version()
+        if version not in _SUPPORTED_VERSIONS:
+            raise MessageRejected(self._bad_version_status(line), f"unsupported HTTP/{version}")
+        self.http_version = version.encode()
+        if isinstance(parser, httptools.HttpResponseParser):
+            self.status = parser.get_status_code()
+        else:
+            self.method = parser.get_method()
+        if self._keep_raw:
+            self._raw.append(line)
+        self._line_done = True
+        self._tail = _CRLF
+
+    def _bad_method(self, line: bytes) -> tuple[int, str]:
+        match = REQUEST_LINE_RE.fullmatch(line)
+        if match is not None and not self._is_response:
+            return 501, "method not implemented"
+        return 400, "invalid method"
+
+    def _bad_version_status(self, line: bytes) -> int:
+        """505 for a well-formed request line with another version, else 400."""
+        if self._is_response:
+            return 502
+        match = REQUEST_LINE_RE.fullmatch(line)
+        if match is not None and (match[2], match[3]) not in ((b"1", b"0"), (b"1", b"1")):
+            return 505
+        return 400
+
+    # Header section --------------------------------------------------------------
+
+    def _feed_fields(self, data: bytes, pos: int) -> int:
+        budget = self._limits.max_header_bytes - self._fed
+        tail = self._tail
+        end = (tail + data[pos : pos + 3]).find(_END)
+        if end >= 0:
+            end = pos + end + 4 - len(tail)
+        else:
+            end = data.find(_END, pos, pos + budget)
+            if end >= 0:
+                end += 4
+        if end < 0:
+            if len(data) - pos >= budget:
+                raise MessageRejected(431, "head too large")
+            chunk = data[pos:] if pos else data
+        else:
+            if end - pos > budget:
+                raise MessageRejected(431, "head too large")
+            chunk = data[pos:end]
+        self._fed += len(chunk)
+        self._tail = chunk[-3:] if len(chunk) >= 3 else (tail + chunk)[-3:]
+        if self._keep_raw:
+            self._raw.append(chunk)
+        self._feed_llhttp(chunk)
+        if end < 0:
+            if self._complete:
+                raise MessageRejected(400, "head ended without CRLFCRLF")
+            return -1
+        if not self._complete:
+            raise MessageRejected(400, "malformed head")
+        self._parser = None
+        return end
+
+    def _feed_llhttp(self, chunk: bytes) -> None:
+        parser = self._parser
+        assert parser is not None
+        try:
+            parser.feed_data(chunk)
+        except httptools.HttpParserUpgrade:
+            pass  # llhttp stops after the head of an upgrade / CONNECT; so do we
+        except httptools.HttpParserError as exc:
+            if self._complete and self.status == 101:
+                return  # llhttp pauses on any 101; the handshake check is ours (.websocket)
+            if len(self.headers) > self._limits.max_headers:
+                raise MessageRejected(431, "too many header fields") from None
+            raise MessageRejected(400, f"malformed head: {exc}") from None
+
+    def _check_budget(self, extra: int) -> None:
+        if self._fed + len(self._line) + extra > self._limits.max_header_bytes:
+            raise MessageRejected(431, "head too large")
+
+    # llhttp callbacks ------------------------------------------------------------
+
+    def on_url(self, url: bytes) -> None:
+        self.target += url
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        headers = self.headers
+        headers.append((name, value))
+        if len(headers) > self._limits.max_headers:
+            raise _TooManyHeaders  # stops llhttp; _feed_llhttp maps it to 431
+
+    def on_headers_complete(self) -> None:
+        self._complete = True
