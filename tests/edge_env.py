@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import PkiFiles
@@ -48,8 +52,7 @@ class Processes:
         return proc
 
     def node(self, port: int, *extra: str) -> subprocess.Popen[bytes]:
-        proc = self.start(["node", str(NODE_APP), str(port), *extra],
-                          stdout=subprocess.DEVNULL)
+        proc = self.start(["node", str(NODE_APP), str(port), *extra], stdout=subprocess.DEVNULL)
         wait_port(port)
         return proc
 
@@ -76,6 +79,8 @@ def write_edge_config(
     extra: str = "",
     workers: int = 1,
     listener_extra: str = "",
+    tls_extra: str = "",
+    extra_top: str = "",
 ) -> Path:
     origin_tables = "\n".join(
         f"""
@@ -96,6 +101,7 @@ backoff_cap_s = 0.5
     )
     path.write_text(
         f"""
+{extra_top}
 [edge]
 id = "test-edge"
 workers = {workers}
@@ -109,6 +115,7 @@ address = "127.0.0.1:{https_port}"
 [[tls.certificates]]
 cert = "{pki.server.cert}"
 key = "{pki.server.key}"
+{tls_extra}
 
 [admin]
 address = "127.0.0.1:{admin_port}"
@@ -156,3 +163,133 @@ async def pipe_origin_handler(io: object, backend_port: int) -> None:
         io.abort()  # type: ignore[attr-defined]
     finally:
         writer.close()
+
+
+@dataclass
+class Stack:
+    pki: PkiFiles
+    https_port: int
+    admin_port: int
+    node_port: int
+    origin_port: int
+    edge: subprocess.Popen[bytes]
+    log: Path
+    origin_cmd: list[str]
+    procs: Processes
+    origin: subprocess.Popen[bytes] | None = None
+
+    def tls_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.pki.ca))
+
+    def https(self, timeout: float = 10) -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection(
+            "127.0.0.1", self.https_port, context=self.tls_context(), timeout=timeout
+        )
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        conn = self.https()
+        try:
+            conn.request("GET", path, headers=headers or {})
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    def start_origin(self) -> None:
+        self.origin = self.procs.start(self.origin_cmd, cwd=ROOT)
+        wait_port(self.origin_port)
+
+    def stop_origin(self) -> None:
+        assert self.origin is not None
+        self.origin.kill()
+        self.origin.wait()
+
+    def metrics(self) -> str:
+        conn = http.client.HTTPConnection("127.0.0.1", self.admin_port, timeout=5)
+        conn.request("GET", "/metrics")
+        return conn.getresponse().read().decode()
+
+
+ORIGIN_STANDIN = """
+import asyncio, sys, uvloop
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from tests.edge_env import pipe_origin_handler
+from tests.tunnel_env import start_server
+from tunnel.aio.transport import TunnelListenerConfig
+config = TunnelListenerConfig(address="127.0.0.1:{port}", cert=Path({cert!r}),
+    key=Path({key!r}), ca=Path({ca!r}), allowed_identities=("edge-1",))
+async def main():
+    await start_server(config, lambda io: pipe_origin_handler(io, {node}))
+    await asyncio.Event().wait()
+uvloop.run(main())
+"""
+
+
+@contextlib.contextmanager
+def edge_stack(
+    test_pki: PkiFiles,
+    tmp: Path,
+    *,
+    workers: int = 1,
+    listener_extra: str = "",
+    extra: str = "",
+    tls_extra: str = "",
+    extra_top: str = "",
+    backend_port: int | None = None,
+) -> Iterator[Stack]:
+    """Node backend, stand-in origin (or the real one, see ``origin_cmd``) and an edge."""
+    procs = Processes()
+    node_port, origin_port = free_port(), free_port()
+    https_port, admin_port = free_port(), free_port()
+    if backend_port is None:
+        procs.node(node_port)
+    else:
+        node_port = backend_port
+    script = ORIGIN_STANDIN.format(
+        root=str(ROOT),
+        port=origin_port,
+        cert=str(test_pki.origin.cert),
+        key=str(test_pki.origin.key),
+        ca=str(test_pki.ca),
+        node=node_port,
+    )
+    origin_cmd = [sys.executable, "-c", script]
+    config = write_edge_config(
+        tmp / "edge.toml",
+        test_pki,
+        https_port=https_port,
+        admin_port=admin_port,
+        origins=[("origin-a", origin_port)],
+        workers=workers,
+        listener_extra=listener_extra,
+        extra=extra,
+        tls_extra=tls_extra,
+        extra_top=extra_top,
+    )
+    log = tmp / "edge.log"
+    edge = start_edge(procs, config, log)
+    s = Stack(
+        test_pki, https_port, admin_port, node_port, origin_port, edge, log, origin_cmd, procs
+    )
+    try:
+        s.start_origin()
+        wait_port(https_port)
+        wait_healthy(s)
+        yield s
+    finally:
+        procs.stop_all()
+
+
+def wait_healthy(s: Stack, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", s.admin_port, timeout=2)
+            conn.request("GET", "/healthz")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError("edge never became healthy:\n" + s.log.read_text()[-3000:])
