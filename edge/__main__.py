@@ -17,13 +17,18 @@ import socket
 import sys
 
 import uvloop
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from edge.config import EdgeConfig, ListenerConfig
 from edge.listener import bind_listener
 from edge.tls import CertificateStore, TlsConfigError
 from tunnel.aio.transport import parse_host_port
+from tunnel.runtime.admin import AdminServer, HealthReport
 from tunnel.runtime.config import ConfigError, load_config
 from tunnel.runtime.logs import configure_logging
+from tunnel.runtime.metrics import cleanup_multiprocess, enable_multiprocess, process_exited
+from tunnel.runtime.workers import Supervisor, WorkerContext
 
 log = logging.getLogger("geoedge.edge")
 
@@ -42,26 +47,72 @@ async def run_worker(
     config: EdgeConfig,
     certificates: CertificateStore,
     sockets: list[tuple[ListenerConfig | None, socket.socket]],
-    *,
-    with_admin: bool,
 ) -> None:
-    from edge.admin import start_admin
+    """One worker: serve until SIGTERM, then drain; SIGHUP reloads certificates."""
     from edge.worker import EdgeWorker
 
     worker = EdgeWorker(config, certificates, sockets)
     await worker.start()
-    admin = await start_admin(config.admin.address, worker) if with_admin else None
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGHUP, worker.reload_certificates)
-    log.info("edge %s serving %s", config.edge.id, ", ".join(x.address for x in config.listeners))
     await stop.wait()
-    log.info("draining (up to %.0fs)", config.edge.drain_timeout_s)
     await worker.drain()
-    if admin is not None:
-        await admin.cleanup()
+
+
+def edge_health() -> HealthReport:
+    """Healthy while some worker has a usable tunnel (the workers export it)."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)
+    up = {
+        sample.labels.get("origin", "?"): sample.value
+        for metric in registry.collect()
+        if metric.name == "geoedge_edge_tunnels_up"
+        for sample in metric.samples
+    }
+    return any(v > 0 for v in up.values()), {"tunnels_up": up}
+
+
+async def supervise(
+    config: EdgeConfig,
+    certificates: CertificateStore,
+    sockets: list[tuple[ListenerConfig | None, socket.socket]],
+) -> None:
+    admin = AdminServer(config.admin.address, health=edge_health)
+    await admin.start()
+
+    def worker_main(context: WorkerContext) -> int:
+        uvloop.run(run_worker(config, certificates, sockets))
+        return 0
+
+    def reload_in_parent() -> None:
+        # The workers reload into the contexts they inherited (ticket keys kept);
+        # the parent only checks the files, to log a bad certificate once.
+        try:
+            CertificateStore(config.tls)
+        except TlsConfigError as exc:
+            log.error("certificate reload will fail: %s", exc)
+
+    supervisor = Supervisor(
+        worker_main,
+        workers=config.edge.workers,
+        stop_timeout_s=config.edge.drain_timeout_s + 5,
+        on_reload=reload_in_parent,
+        on_worker_exit=lambda pid, status: process_exited(pid),
+        parent_fds=lambda: [fd for fd in [admin.fileno()] if fd is not None],
+    )
+    log.info(
+        "edge %s serving %s with %d worker(s)",
+        config.edge.id,
+        ", ".join(x.address for x in config.listeners),
+        supervisor.target,
+    )
+    try:
+        await supervisor.run()
+    finally:
+        await admin.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"geoedge-edge: cannot listen: {exc}", file=sys.stderr)
         return 1
-    uvloop.run(run_worker(config, certificates, sockets, with_admin=True))
+    metrics_dir = enable_multiprocess()  # before any metric exists or a worker forks
+    try:
+        uvloop.run(supervise(config, certificates, sockets))
+    finally:
+        cleanup_multiprocess(metrics_dir)
     return 0
 
 

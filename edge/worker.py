@@ -219,6 +219,7 @@ class EdgeWorker:
             upstream_ms=upstream_ms,
             origin=getattr(upstream_protocol, "origin", None),
             request_id=request.request_id,
+            worker=os.getpid(),
         )
 
 

@@ -1,0 +1,76 @@
+"""A multi-worker edge: TLS resumption across workers, SIGTERM drain."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PkiFiles
+from tests.edge_env import edge_stack, node_available
+
+pytestmark = pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed")
+
+
+def test_sessions_resume_across_workers_and_are_counted(test_pki: PkiFiles, tmp_path: Path) -> None:
+    with edge_stack(test_pki, tmp_path, workers=2) as stack:
+        context = stack.tls_context()
+        session = None
+        resumed = 0
+        for i in range(40):
+            raw = socket.create_connection(("127.0.0.1", stack.https_port), timeout=5)
+            tls = context.wrap_socket(raw, server_hostname="localhost", session=session)
+            tls.sendall(
+                f"GET /?i={i} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode()
+            )
+            while tls.recv(65536):
+                pass
+            resumed += tls.session_reused
+            session = tls.session if session is None else session
+            tls.close()
+        assert resumed == 39, "every connection after the first should resume"
+        lines = [
+            json.loads(line)
+            for line in stack.log.read_text().splitlines()
+            if (line.startswith("{") and '"path": "/?i=' in line.replace('":"', '": "'))
+            or line.startswith('{"ts"')
+        ]
+        workers = {line["worker"] for line in lines if str(line.get("path", "")).startswith("/?i=")}
+        assert len(workers) == 2, f"all connections went to one worker: {workers}"
+        metrics = stack.metrics()
+        counted = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("geoedge_edge_tls_handshakes_total") and 'resumed="yes"' in line
+        )
+        assert counted >= 39
+
+
+def test_sigterm_drains_in_flight_requests(test_pki: PkiFiles, tmp_path: Path) -> None:
+    with edge_stack(test_pki, tmp_path, workers=2) as stack:
+        result: dict[str, object] = {}
+
+        def slow_request() -> None:
+            conn = stack.https(timeout=20)
+            conn.request("GET", "/slow?ms=1500")
+            response = conn.getresponse()
+            result["status"] = response.status
+            result["body"] = response.read()
+
+        thread = threading.Thread(target=slow_request)
+        thread.start()
+        time.sleep(0.5)
+        stack.edge.send_signal(signal.SIGTERM)
+        thread.join(20)
+        assert result.get("status") == 200, result
+        stack.edge.wait(20)
+        assert stack.edge.returncode == 0
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", stack.https_port), timeout=2)
+        _ = http.client
