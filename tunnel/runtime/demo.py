@@ -53,10 +53,9 @@ def _wait_http(url: str, deadline: float, procs: list[subprocess.Popen[bytes]]) 
         for proc in procs:
             if proc.poll() is not None:
                 raise RuntimeError(f"{proc.args[:3]} exited with status {proc.returncode}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310 - loopback
-                if response.status == 200:
-                    return
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as response:
+            if response.status == 200:
+                return
         time.sleep(0.1)
     raise RuntimeError(f"timed out waiting for {url}")
 
@@ -76,7 +75,7 @@ def origin_toml(d: Path, tunnel_port: int, admin_port: int, backends: list[int])
     backend_tables = "".join(
         f'\n[[pools.backends]]\naddress = "127.0.0.1:{port}"\n' for port in backends
     )
-    return f"""# Written by `geoedge demo`: one origin balancer in front of {len(backends)} Node.js backends.
+    return f"""# Written by `geoedge demo`: origin balancer, {len(backends)} Node.js backends.
 [origin]
 id = "demo-origin"
 workers = 1
