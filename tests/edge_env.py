@@ -210,20 +210,44 @@ class Stack:
         return conn.getresponse().read().decode()
 
 
-ORIGIN_STANDIN = """
-import asyncio, sys, uvloop
-sys.path.insert(0, {root!r})
-from pathlib import Path
-from tests.edge_env import pipe_origin_handler
-from tests.tunnel_env import start_server
-from tunnel.aio.transport import TunnelListenerConfig
-config = TunnelListenerConfig(address="127.0.0.1:{port}", cert=Path({cert!r}),
-    key=Path({key!r}), ca=Path({ca!r}), allowed_identities=("edge-1",))
-async def main():
-    await start_server(config, lambda io: pipe_origin_handler(io, {node}))
-    await asyncio.Event().wait()
-uvloop.run(main())
+def write_origin_config(
+    path: Path, pki: PkiFiles, *, port: int, backends: list[int], health: bool = True
+) -> Path:
+    """A real origin balancer's config: one default pool over ``backends``."""
+    backend_tables = "".join(f'[[pools.backends]]\naddress = "127.0.0.1:{b}"\n' for b in backends)
+    health_table = (
+        '[pools.health]\npath = "/health"\ninterval_s = 0.5\ntimeout_s = 0.4\n' if health else ""
+    )
+    path.write_text(
+        f"""
+[origin]
+id = "origin-1"
+workers = 1
+drain_timeout_s = 5.0
+log_json = false
+
+[tunnel_listener]
+address = "127.0.0.1:{port}"
+cert = "{pki.origin.cert}"
+key = "{pki.origin.key}"
+ca = "{pki.ca}"
+allowed_identities = ["edge-1"]
+
+[admin]
+address = "127.0.0.1:{free_port()}"
+
+[tunnel]
+ping_interval_s = 0.5
+ping_timeout_s = 2.0
+
+[[pools]]
+name = "app"
+default = true
+{health_table}
+{backend_tables}
 """
+    )
+    return path
 
 
 @contextlib.contextmanager
@@ -238,7 +262,7 @@ def edge_stack(
     extra_top: str = "",
     backend_port: int | None = None,
 ) -> Iterator[Stack]:
-    """Node backend, stand-in origin (or the real one, see ``origin_cmd``) and an edge."""
+    """A Node backend (or ``backend_port``), the real origin balancer and an edge."""
     procs = Processes()
     node_port, origin_port = free_port(), free_port()
     https_port, admin_port = free_port(), free_port()
@@ -246,15 +270,14 @@ def edge_stack(
         procs.node(node_port)
     else:
         node_port = backend_port
-    script = ORIGIN_STANDIN.format(
-        root=str(ROOT),
+    origin_config = write_origin_config(
+        tmp / "origin.toml",
+        test_pki,
         port=origin_port,
-        cert=str(test_pki.origin.cert),
-        key=str(test_pki.origin.key),
-        ca=str(test_pki.ca),
-        node=node_port,
+        backends=[node_port],
+        health=backend_port is None,
     )
-    origin_cmd = [sys.executable, "-c", script]
+    origin_cmd = [sys.executable, "-m", "origin", "--config", str(origin_config)]
     config = write_edge_config(
         tmp / "edge.toml",
         test_pki,
