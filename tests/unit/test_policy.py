@@ -1,0 +1,64 @@
+"""The pure decisions: reconnect backoff, tunnel connection choice, origin choice."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edge.origins import RTT_SLACK, OriginCandidate, choose_origin
+from tunnel.policy import Backoff, choose_connection
+
+
+@given(st.integers(min_value=0, max_value=200), st.integers(min_value=0, max_value=2**32))
+def test_backoff_full_jitter_stays_within_the_exponential_ceiling(attempt: int, seed: int) -> None:
+    backoff = Backoff(base_s=0.1, cap_s=10.0)
+    delay = backoff.delay(attempt, random.Random(seed))
+    assert 0.0 <= delay <= min(10.0, 0.1 * 2**attempt)
+
+
+def test_backoff_spreads_a_fleet_instead_of_lockstep() -> None:
+    backoff = Backoff(base_s=0.1, cap_s=10.0)
+    rng = random.Random(7)
+    delays = [backoff.delay(6, rng) for _ in range(1000)]
+    assert min(delays) < 0.5 and max(delays) > 5.9  # uniform over [0, 6.4]
+    assert len({round(d, 3) for d in delays}) > 900
+
+
+@dataclass
+class Conn:
+    can_open_stream: bool
+    open_streams: int
+
+
+def test_choose_connection_prefers_usable_and_least_loaded() -> None:
+    a, b, c = Conn(True, 5), Conn(False, 0), Conn(True, 2)
+    assert choose_connection([a, b, c]) is c
+    assert choose_connection([b]) is None
+    assert choose_connection([]) is None
+    d = Conn(True, 2)
+    assert choose_connection([c, d]) is c  # first on ties
+
+
+def test_choose_origin_skips_unusable_and_far_origins() -> None:
+    rng = random.Random(1)
+    near = OriginCandidate("dublin", True, 0.130, 1)
+    far = OriginCandidate("virginia", True, 0.300, 1)
+    down = OriginCandidate("london", False, 0.120, 1)
+    picks = {choose_origin([near, far, down], rng) for _ in range(200)}
+    assert picks == {"dublin"}
+    assert choose_origin([down], rng) is None
+    assert choose_origin([far, down], rng) == "virginia"
+
+
+def test_choose_origin_shares_between_close_origins_by_weight() -> None:
+    rng = random.Random(2)
+    a = OriginCandidate("a", True, 0.100, 3)
+    b = OriginCandidate("b", True, 0.100 * RTT_SLACK, 1)
+    picks = [choose_origin([a, b], rng) for _ in range(4000)]
+    share = picks.count("a") / len(picks)
+    assert 0.70 < share < 0.80  # weights 3:1
+    unmeasured = OriginCandidate("c", True, None, 1)
+    assert choose_origin([unmeasured], rng) == "c"
