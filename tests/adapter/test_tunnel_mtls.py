@@ -123,8 +123,9 @@ def test_stalled_reader_does_not_slow_siblings_and_stays_bounded(test_pki: PkiFi
 def test_unknown_ca_certificate_is_refused(test_pki: PkiFiles) -> None:
     async def main() -> None:
         server = await start_server(listener_config(test_pki, 0), hash_echo)
-        rogue = dial_config(test_pki, server.port, cert=test_pki.rogue_edge.cert,
-                            key=test_pki.rogue_edge.key)
+        rogue = dial_config(
+            test_pki, server.port, cert=test_pki.rogue_edge.cert, key=test_pki.rogue_edge.key
+        )
         with pytest.raises((ssl.SSLError, ConnectionError, OSError, TimeoutError)):
             conn = await connect(rogue)
             # TLS 1.3: the client may finish before the server's alert arrives.
@@ -158,8 +159,9 @@ def test_plain_tcp_transport_checks_peer_cidr(test_pki: PkiFiles) -> None:
 
     async def main() -> None:
         ok = await start_server(
-            listener_config(test_pki, 0, transport="tcp",
-                            allowed_peers=(ipaddress.ip_network("127.0.0.0/8"),)),
+            listener_config(
+                test_pki, 0, transport="tcp", allowed_peers=(ipaddress.ip_network("127.0.0.0/8"),)
+            ),
             hash_echo,
         )
         conn = await connect(dial_config(test_pki, ok.port, transport="tcp"))
@@ -172,13 +174,18 @@ def test_plain_tcp_transport_checks_peer_cidr(test_pki: PkiFiles) -> None:
         await ok.close()
 
         refused = await start_server(
-            listener_config(test_pki, 0, transport="tcp",
-                            allowed_peers=(ipaddress.ip_network("198.51.100.0/24"),)),
+            listener_config(
+                test_pki,
+                0,
+                transport="tcp",
+                allowed_peers=(ipaddress.ip_network("198.51.100.0/24"),),
+            ),
             hash_echo,
         )
         with pytest.raises((ConnectionError, OSError, TimeoutError, Exception)):
-            await connect(dial_config(test_pki, refused.port, transport="tcp",
-                                      connect_timeout_s=2.0))
+            await connect(
+                dial_config(test_pki, refused.port, transport="tcp", connect_timeout_s=2.0)
+            )
         await refused.close()
 
     run_async(main(), timeout=20)

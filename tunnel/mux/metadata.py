@@ -46,6 +46,7 @@ _TEXT_FIELDS: tuple[tuple[MetaKey, str], ...] = (
     (MetaKey.REQUEST_ID, "request_id"),
 )
 _TEXT_BY_KEY = {int(k): name for k, name in _TEXT_FIELDS}
+_KNOWN_KEYS = frozenset(int(k) for k in MetaKey)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,8 @@ class StreamMetadata:
         if self.tls_resumed is not None:
             _put(out, MetaKey.TLS_RESUMED, b"\x01" if self.tls_resumed else b"\x00")
         for key, raw in self.extra.items():
+            if not 0 <= key <= 0xFF or key in _KNOWN_KEYS:
+                raise MetadataError(f"extra metadata key {key:#x} is not an unregistered octet")
             _put(out, key, raw)
         return bytes(out)
 
@@ -86,6 +89,7 @@ class StreamMetadata:
         """Parse TLV items; raise :class:`MetadataError` on any malformed item."""
         values: dict[str, object] = {}
         extra: dict[int, bytes] = {}
+        seen: set[int] = set()  # by key: ``values`` is keyed by field name
         pos, end = 0, len(data)
         while pos < end:
             if end - pos < _ITEM.size:
@@ -96,8 +100,9 @@ class StreamMetadata:
                 raise MetadataError(f"metadata item {key:#x} overruns the frame")
             raw = bytes(data[pos : pos + length])
             pos += length
-            if key in values or key in extra:
+            if key in seen:
                 raise MetadataError(f"metadata item {key:#x} repeated")
+            seen.add(key)
             if key == MetaKey.CLIENT_ADDRESS:
                 values["client_address"] = _decode_address(raw)
             elif key == MetaKey.SERVER_ADDRESS:

@@ -32,15 +32,28 @@ class FrameReader:
 
     def feed(self, data: bytes) -> list[RawFrame]:
         """Whole frames found so far; raises :class:`ProtocolError` (or
-        :class:`FrameSizeError`) when the stream cannot be framed."""
+        :class:`FrameSizeError`) when the stream cannot be framed.
+
+        The exception carries the whole frames that preceded the fault in
+        ``frames_before``: the session processes them first, so the outcome
+        does not depend on how the bytes were split into reads (the first
+        error in byte order wins, PROTOCOL.md §2.3)."""
+        frames: list[RawFrame] = []
+        try:
+            self._feed(data, frames)
+        except ProtocolError as exc:
+            exc.frames_before = frames  # type: ignore[attr-defined]
+            raise
+        return frames
+
+    def _feed(self, data: bytes, frames: list[RawFrame]) -> None:
         if not isinstance(data, bytes):
             data = bytes(data)
-        frames: list[RawFrame] = []
         pos = 0
         if self._partial or self._preface_pending:
             pos = self._complete_partial(data, frames)
             if self._partial or self._preface_pending:
-                return frames
+                return
         end = len(data)
         limit = self.max_payload
         while end - pos >= HEADER_SIZE:
@@ -57,7 +70,6 @@ class FrameReader:
             self._partial += memoryview(data)[pos:]
             if len(self._partial) >= HEADER_SIZE:
                 self._check_length(self._partial)
-        return frames
 
     def _complete_partial(self, data: bytes, frames: list[RawFrame]) -> int:
         """Fill the pending preface or split frame from ``data``; returns how

@@ -23,6 +23,7 @@ from tunnel.mux.budget import Cost, ErrorBudget
 from tunnel.mux.constants import (
     HEADER,
     HEADER_SIZE,
+    MAX_GOAWAY_REASON_BYTES,
     MAX_STREAM_ID,
     MAX_VERSION,
     MAX_WINDOW,
@@ -171,6 +172,15 @@ class Session:
         try:
             self._dispatch_frames(self._reader.feed(data), now, events)
         except ProtocolError as exc:
+            # Fix: whole frames before a framing fault in the same read are
+            # processed first, so the first error in byte order wins however
+            # the bytes were split (§2.3); they used to be dropped.
+            earlier: list[RawFrame] = getattr(exc, "frames_before", [])
+            if earlier and not self.terminated:
+                try:
+                    self._dispatch_frames(earlier, now, events)
+                except ProtocolError as first:
+                    exc = first
             self._terminate(exc.code, _public_reason(exc.code), events)
         return events
 
@@ -196,6 +206,13 @@ class Session:
         self, stream_id: int, flags: int, payload: bytes, now: float, events: list[Event]
     ) -> None:
         n = len(payload)
+        if n > self.config.max_frame_bytes:
+            # Fix: the reader admits 4 + MAX_METADATA_BYTES for OPEN, which may be
+            # more than MAX_FRAME_BYTES; DATA is held to MAX_FRAME_BYTES (§4).
+            raise FrameSizeError(f"DATA of {n} octets above MAX_FRAME_BYTES")
+        if not n and not flags & _END:
+            # Fix: charged whatever the stream, so a flood on a closed stream costs too (§8.1).
+            self._charge(Cost.EMPTY_DATA, now)
         self._recv_window.receive(n)  # connection scope first, whatever the stream (§7.2)
         stream = self._streams.get(stream_id)
         if stream is None:
@@ -209,8 +226,6 @@ class Session:
         if n:
             stream.received_any = True
             events.append(DataReceived(stream_id, payload))
-        elif not flags & _END:
-            self._charge(Cost.EMPTY_DATA, now)
         if flags & _END:
             self._peer_end(stream, events)
 
@@ -225,7 +240,8 @@ class Session:
     ) -> None:
         if self.established:
             raise ProtocolError("second HELLO")
-        if stream_id != 0 or len(payload) < 4 or (len(payload) - 4) % SETTING.size:
+        _check_connection_frame(stream_id, "HELLO")
+        if len(payload) < 4 or (len(payload) - 4) % SETTING.size:
             raise FrameSizeError("malformed HELLO")
         if len(payload) > _MAX_SETTINGS_PAYLOAD:
             raise FrameSizeError("HELLO too long")
@@ -256,7 +272,8 @@ class Session:
     def _on_settings(
         self, stream_id: int, flags: int, payload: bytes, now: float, events: list[Event]
     ) -> None:
-        if stream_id != 0 or len(payload) % SETTING.size or len(payload) > _MAX_SETTINGS_PAYLOAD:
+        _check_connection_frame(stream_id, "SETTINGS")
+        if len(payload) % SETTING.size or len(payload) > _MAX_SETTINGS_PAYLOAD:
             raise FrameSizeError("malformed SETTINGS")
         self._charge(Cost.SETTINGS, now)
         settings = frames.decode_settings(payload)
@@ -283,16 +300,20 @@ class Session:
         self._last_peer_stream_id = stream_id
         if self._goaway_sent or self._peer_open >= self.config.max_concurrent_streams:
             self._charge(Cost.REFUSED_STREAM, now)
-            self._control.append(frames.encode_reset(stream_id, ErrorCode.REFUSED_STREAM))
+            # Fix: through the bounded queue, like every reply the peer provokes (§8.2).
+            self._queue_control(frames.encode_reset(stream_id, ErrorCode.REFUSED_STREAM))
             return
         (initial_window,) = U32.unpack_from(payload, 0)
         if initial_window > MAX_WINDOW:
             raise FlowControlError("OPEN window above 2^31-1")
         try:
+            if len(payload) - 4 > self.config.max_metadata_bytes:
+                # Fix: our MAX_METADATA_BYTES was announced but not enforced (§4, §6.2).
+                raise MetadataError("metadata above our MAX_METADATA_BYTES")
             metadata = StreamMetadata.decode(memoryview(payload)[4:])
         except MetadataError:
-            self._control.append(frames.encode_reset(stream_id, ErrorCode.METADATA_ERROR))
             self._charge(Cost.STREAM_ERROR, now)
+            self._queue_control(frames.encode_reset(stream_id, ErrorCode.METADATA_ERROR))
             return
         stream = Stream(
             stream_id,
@@ -360,7 +381,8 @@ class Session:
     def _on_ping(
         self, stream_id: int, flags: int, payload: bytes, now: float, events: list[Event]
     ) -> None:
-        if stream_id != 0 or len(payload) != 8:
+        _check_connection_frame(stream_id, "PING")
+        if len(payload) != 8:
             raise FrameSizeError("malformed PING")
         self._charge(Cost.PING, now)
         self._queue_control(frames.encode_pong(payload))
@@ -368,7 +390,8 @@ class Session:
     def _on_pong(
         self, stream_id: int, flags: int, payload: bytes, now: float, events: list[Event]
     ) -> None:
-        if stream_id != 0 or len(payload) != 8:
+        _check_connection_frame(stream_id, "PONG")
+        if len(payload) != 8:
             raise FrameSizeError("malformed PONG")
         sent_at = self._pings.pop(payload, None)
         if sent_at is None:
@@ -380,19 +403,22 @@ class Session:
     def _on_goaway(
         self, stream_id: int, flags: int, payload: bytes, now: float, events: list[Event]
     ) -> None:
-        if stream_id != 0 or len(payload) < 8 or len(payload) > 8 + 256:
+        _check_connection_frame(stream_id, "GOAWAY")
+        if len(payload) < 8 or len(payload) > 8 + MAX_GOAWAY_REASON_BYTES:
             raise FrameSizeError("malformed GOAWAY")
         last_stream_id, code = U32_PAIR.unpack_from(payload, 0)
         reason = payload[8:].decode("utf-8", "replace")
         self._goaway_received = True
         events.append(GoAwayReceived(last_stream_id, code, reason))
-        if code != ErrorCode.NO_ERROR:
-            self._terminate(code, reason, events, remote=True, send_goaway=False)
-            return
         for stream in list(self._streams.values()):
             if stream.local and stream.stream_id > last_stream_id:
                 self._forget(stream)
                 events.append(StreamReset(stream.stream_id, ErrorCode.REFUSED_STREAM, remote=True))
+        if code != ErrorCode.NO_ERROR:
+            # Fix: refuse the unprocessed streams first (above), so that they are
+            # reported as REFUSED_STREAM, safe to retry, even when the peer is
+            # closing with an error (§6.6); the rest are reset with its code.
+            self._terminate(code, reason, events, remote=True, send_goaway=False)
 
     def _check_not_idle(self, stream_id: int, what: str) -> None:
         """A frame for an unknown stream is fine if the stream existed (it closed
@@ -459,7 +485,7 @@ class Session:
             raise StreamClosedError(f"stream {stream_id} already ended locally")
         if stream.send_window > 0 or (end_stream and not stream.send_buffered):
             self._scheduler.push(stream_id)
-        elif stream.stall_since is None:
+        elif stream.stall_since is None and stream.send_buffered:  # Fix: as in data_to_send
             stream.stall_since = self._last_received
             self._stalled[stream_id] = self._last_received
 
@@ -482,6 +508,11 @@ class Session:
         stream = self._streams.get(stream_id)
         if stream is None or self.terminated:
             return  # a forgotten stream's credit went back when it closed
+        # Fix: never acknowledge more than was received; an over-ack would
+        # grant the peer credit for memory we do not have (§7.3).
+        n = min(n, stream.recv_window.unconsumed)
+        if n <= 0:
+            return
         rtt = self.rtt
         # The connection window is a memory bound, not a rate control: it is
         # sized from the stream estimate (_announce_stream_window), not tuned.
@@ -584,9 +615,12 @@ class Session:
             if stream is None:
                 continue
             n = min(stream.send_buffered, stream.send_window, self._send_window, max_frame)
-            end = stream.end_queued and n == stream.send_buffered
+            # Fix: "and not end_sent": an empty send_data() after the END (sent on
+            # OPEN or in DATA) used to send END_STREAM a second time (§6.4).
+            end = stream.end_queued and not stream.end_sent and n == stream.send_buffered
             if n == 0 and not end:
-                self._mark_stalled(stream)
+                if stream.send_buffered:  # Fix: nothing to send is not a stall
+                    self._mark_stalled(stream)
                 continue
             chunks = stream.take(n)
             stream.send_window -= n
@@ -751,6 +785,13 @@ class Session:
             established=self.established,
             closing=self.closing,
         )
+
+
+def _check_connection_frame(stream_id: int, what: str) -> None:
+    # Fix: a connection-scope frame on a stream broke the framing rules (§5), it
+    # is not a size problem; this used to be reported as FRAME_SIZE_ERROR.
+    if stream_id != 0:
+        raise ProtocolError(f"{what} on stream {stream_id}")
 
 
 def _public_reason(code: int) -> str:
