@@ -115,6 +115,10 @@ class OriginConfig:
     weight: int = 1
     """Share of new streams when several origins are equally close."""
 
+    def __post_init__(self) -> None:
+        if not 1 <= self.weight <= 1000:
+            raise ValueError("weight must be in 1..1000")
+
 
 @dataclass(frozen=True, slots=True)
 class AdminConfig:

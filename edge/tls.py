@@ -12,9 +12,10 @@
   objects* (``load_cert_chain`` replaces the chain of that key type), so
   ticket keys survive a reload, and connections already established are not
   touched. A certificate that fails to load leaves the old one in place.
-- ECDSA and RSA: both key types can be configured; OpenSSL serves the one the
-  client's signature algorithms allow. X25519 is OpenSSL's first key-exchange
-  group already; Python offers no call to reorder groups.
+- ECDSA and RSA: certificates for the same names share one context, and
+  OpenSSL serves the one the client's signature algorithms allow. X25519 is
+  OpenSSL's first key-exchange group already; Python offers no call to
+  reorder groups.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def certificate_names(path: object) -> list[str]:
 
 @dataclass
 class _Entry:
-    config: CertificateConfig
+    configs: list[CertificateConfig]
     context: ssl.SSLContext
     names: tuple[str, ...]
 
@@ -63,7 +64,7 @@ class CertificateStore:
 
     def __init__(self, config: TlsConfig) -> None:
         self._config = config
-        self._entries = [self._build(c) for c in config.certificates]
+        self._entries = self._build_all(config.certificates)
         self._exact: dict[str, ssl.SSLContext] = {}
         self._wildcard: dict[str, ssl.SSLContext] = {}
         self._index()
@@ -82,11 +83,19 @@ class CertificateStore:
             context.options |= ssl.OP_NO_TICKET
         return context
 
-    def _build(self, cert: CertificateConfig) -> _Entry:
-        context = self._new_context()
-        self._load(context, cert)
-        names = cert.names or tuple(certificate_names(cert.cert))
-        return _Entry(cert, context, tuple(n.lower() for n in names))
+    def _build_all(self, certificates: tuple[CertificateConfig, ...]) -> list[_Entry]:
+        """One context per set of names: certificates for the same names (an
+        ECDSA and an RSA one) share a context, and OpenSSL serves whichever the
+        client's signature algorithms allow."""
+        entries: dict[tuple[str, ...], _Entry] = {}
+        for cert in certificates:
+            names = tuple(sorted(n.lower() for n in (cert.names or certificate_names(cert.cert))))
+            entry = entries.get(names)
+            if entry is None:
+                entry = entries[names] = _Entry([], self._new_context(), names)
+            self._load(entry.context, cert)
+            entry.configs.append(cert)
+        return list(entries.values())
 
     @staticmethod
     def _load(context: ssl.SSLContext, cert: CertificateConfig) -> None:
@@ -126,15 +135,16 @@ class CertificateStore:
             ssl_object.context = context
 
     def reload(self) -> None:
-        """Reload every certificate from disk into its existing context. All or
-        nothing: a failure raises :class:`TlsConfigError` and changes nothing
-        that was not already reloaded successfully (each load is atomic)."""
+        """Reload every certificate from disk into its existing context. Every
+        file is checked first in a scratch context, so a bad file raises
+        :class:`TlsConfigError` and changes nothing. Names are fixed at start
+        (a certificate whose SANs change needs a restart to be indexed anew)."""
         for entry in self._entries:
             probe = self._new_context()
-            self._load(probe, entry.config)  # validate before touching the live one
+            for cert in entry.configs:
+                self._load(probe, cert)  # validate before touching the live context
         for entry in self._entries:
-            self._load(entry.context, entry.config)
-            if not entry.config.names:
-                entry.names = tuple(certificate_names(entry.config.cert))
+            for cert in entry.configs:
+                self._load(entry.context, cert)
         self._index()
         log.info("reloaded %d certificate(s)", len(self._entries))

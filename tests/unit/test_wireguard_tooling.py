@@ -127,10 +127,33 @@ def test_snippets_match_the_mesh() -> None:
     origin = wg.origin_listener_snippet(mesh)
     assert "[tunnel_listener]" in origin.splitlines()
     assert 'transport = "tcp"' in origin.splitlines()
-    assert 'bind = "10.99.0.1:7443"' in origin.splitlines()
+    assert 'address = "10.99.0.1:7443"' in origin.splitlines()
     assert 'allowed_peers = ["10.99.0.11/32", "10.99.0.12/32"]' in origin.splitlines()
     edge = wg.edge_snippet(mesh, "tokyo-1").splitlines()
     assert 'address = "10.99.0.1:7443"' in edge and 'transport = "tcp"' in edge
+
+
+def test_snippets_load_with_the_daemons_schemas() -> None:
+    """What `geoedge wireguard mesh` prints must be accepted by the config loader."""
+    import tomllib
+
+    from edge.config import OriginConfig as EdgeOriginConfig
+    from tunnel.aio.transport import TunnelListenerConfig
+    from tunnel.runtime.config import config_from_mapping
+
+    mesh = plan()
+    listener = tomllib.loads(wg.origin_listener_snippet(mesh))["tunnel_listener"]
+    loaded = config_from_mapping(listener, TunnelListenerConfig)
+    assert loaded.transport == "tcp" and len(loaded.allowed_peers) == 2
+    origins = tomllib.loads(wg.edge_snippet(mesh, "tokyo-1"))["origins"]
+    dial = config_from_mapping(origins[0], EdgeOriginConfig)
+    assert dial.tunnel.address == "10.99.0.1:7443" and dial.tunnel.transport == "tcp"
+
+
+def test_wireguard_configs_set_an_mtu_that_survives_leaving_the_vpc(tmp_path: Path) -> None:
+    mesh = plan()
+    assert wg.origin_config(mesh).mtu == 1420
+    assert wg.edge_config(mesh, "tokyo-1").mtu == 1420
 
 
 @pytest.mark.parametrize(
@@ -207,7 +230,7 @@ def test_cli_mesh_writes_configs_and_prints_the_listener_snippet(
     ]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out.splitlines()
-    assert 'bind = "10.99.0.1:7443"' in out
+    assert 'address = "10.99.0.1:7443"' in out
     assert 'allowed_peers = ["10.99.0.11/32", "10.99.0.12/32"]' in out
     origin = parse(tmp_path / "origin-wg0.conf")
     edge = parse(tmp_path / "edge-tokyo-1-wg0.conf")

@@ -162,12 +162,19 @@ def plan_mesh(
     return Mesh(host, port, net, members[0], tuple(members[1:]), tunnel_port)
 
 
+#: 1500 minus WireGuard's 80 octets of IPv6+UDP+WireGuard overhead. Without it
+#: wg-quick derives the MTU from the route, 9001 inside an EC2 VPC, and packets
+#: that leave the region (MTU 1500) get fragmented.
+WIREGUARD_MTU = 1420
+
+
 def origin_config(mesh: Mesh) -> WireguardConfig:
     """The origin's wg-quick config: listening, one ``[Peer]`` per edge."""
     config = WireguardConfig(
         private_key=mesh.origin.keys.private,
         listen_port=mesh.endpoint_port,
         addresses=[_interface(mesh.origin.address, mesh.network)],
+        mtu=WIREGUARD_MTU,
     )
     for edge in mesh.edges:
         config.add_peer(
@@ -186,6 +193,7 @@ def edge_config(mesh: Mesh, edge_id: str) -> WireguardConfig:
     config = WireguardConfig(
         private_key=edge.keys.private,
         addresses=[_interface(edge.address, mesh.network)],
+        mtu=WIREGUARD_MTU,
     )
     config.add_peer(
         WireguardPeer(
@@ -258,7 +266,7 @@ def origin_listener_snippet(mesh: Mesh) -> str:
             "# origin: plain TCP inside WireGuard, edges admitted by their WireGuard address",
             "[tunnel_listener]",
             'transport = "tcp"',
-            f'bind = "{_host_port(mesh.origin.address, mesh.tunnel_port)}"',
+            f'address = "{_host_port(mesh.origin.address, mesh.tunnel_port)}"',
             f"allowed_peers = [{peers}]",
         ]
     )
@@ -267,14 +275,16 @@ def origin_listener_snippet(mesh: Mesh) -> str:
 def edge_snippet(mesh: Mesh, edge_id: str) -> str:
     """What an edge dials: the origin's WireGuard address, plain TCP.
 
-    Keys as in :class:`tunnel.aio.transport.TunnelDialConfig` (``address``,
-    ``transport``); the section name is the edge config's to decide.
+    An ``[[origins]]`` entry of ``edge.toml`` (:class:`edge.config.OriginConfig`,
+    whose ``tunnel`` table is :class:`tunnel.aio.transport.TunnelDialConfig`).
     """
     edge = mesh.edge(edge_id)
     return "\n".join(
         [
             f"# edge {edge_id}: dial the origin inside WireGuard (interface {edge.address})",
-            "[tunnel]",
+            "[[origins]]",
+            f'name = "{ORIGIN_NAME}"',
+            "[origins.tunnel]",
             'transport = "tcp"',
             f'address = "{_host_port(mesh.origin.address, mesh.tunnel_port)}"',
         ]
