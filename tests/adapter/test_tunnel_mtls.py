@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
@@ -21,7 +22,7 @@ from tests.tunnel_env import (
     start_server,
 )
 from tunnel.aio.stream import StreamIO, StreamResetError
-from tunnel.mux import ErrorCode, SessionConfig
+from tunnel.mux import ErrorCode, SessionConfig, StreamMetadata
 
 
 async def hash_echo(io: StreamIO) -> None:
@@ -218,3 +219,71 @@ def test_peer_reset_reaches_the_stream(test_pki: PkiFiles) -> None:
 
 def _unused() -> int:
     return free_port()
+
+
+def test_credit_returned_by_a_resuming_reader_goes_out_at_once(test_pki: PkiFiles) -> None:
+    """A reader that pauses and resumes outside a receive callback must not
+    wait for a timer tick to hand the sender its credit back."""
+    window = 64 * 1024
+    session_config = SessionConfig(
+        initial_stream_window_bytes=window,
+        min_stream_window_bytes=window,
+        max_stream_window_bytes=window,
+        ping_interval_s=5.0,
+        ping_timeout_s=30.0,
+    )
+    total = 8 * 1024 * 1024
+
+    async def sender(io: StreamIO) -> None:
+        await io.readexactly(1)
+        chunk = b"s" * 16384
+        for _ in range(total // len(chunk)):
+            io.write(chunk)
+            await io.drain()
+        io.write_eof()
+
+    async def main() -> None:
+        server = await start_server(listener_config(test_pki, 0), sender, session_config)
+        conn = await connect(dial_config(test_pki, server.port), session_config)
+        holder: list[StreamIO] = []
+        # A small read limit makes the reader pause, so credit returns from read().
+        conn.open_stream(
+            StreamMetadata(), lambda: holder.append(StreamIO(read_limit=8192)) or holder[-1]
+        )  # type: ignore[func-returns-value]
+        io = holder[0]
+        io.write(b"x")
+        received = 0
+        started = asyncio.get_running_loop().time()
+        while chunk := await io.read(4096):  # small reads: credit returns from read()
+            received += len(chunk)
+            if received % (256 * 1024) < 4096:
+                await asyncio.sleep(0.01)  # the reader lags: the whole window fills
+        elapsed = asyncio.get_running_loop().time() - started
+        assert received == total
+        # 32 pauses of 10 ms; a timer-paced credit return (5 s pings) takes minutes.
+        assert elapsed < 5.0, elapsed
+        conn.abort()
+        await server.close()
+
+    run_async(main(), timeout=60)
+
+
+def test_drain_survives_a_cancelled_wait(test_pki: PkiFiles) -> None:
+    async def slow_reader(io: StreamIO) -> None:
+        await asyncio.sleep(0.5)
+        await io.read_all()
+
+    async def main() -> None:
+        server = await start_server(listener_config(test_pki, 0), slow_reader)
+        conn = await connect(dial_config(test_pki, server.port))
+        io = open_io(conn)
+        for _ in range(64):
+            io.write(b"w" * 65536)  # far above the stream's high-water mark
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(io.drain(), 0.01)
+        await asyncio.wait_for(io.drain(), 10)  # must not raise CancelledError
+        io.write_eof()
+        conn.abort()
+        await server.close()
+
+    run_async(main(), timeout=30)

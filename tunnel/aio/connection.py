@@ -401,6 +401,10 @@ class TunnelConnection(asyncio.Protocol):
 
     def _stream_consumed(self, stream_id: int, n: int) -> None:
         self.session.acknowledge_received_data(stream_id, n, _now())
+        # Credit returned outside a receive callback (a reader resuming) must go
+        # out now, not with the next timer tick; inside one, the flush at the
+        # end of data_received sends it and this costs a flag test.
+        self._schedule_flush()
 
     def _stream_buffered(self, stream_id: int) -> int:
         return self.session.send_buffered(stream_id)

@@ -319,7 +319,9 @@ class StreamIO(asyncio.Protocol):
         if self._exc is not None:
             raise self._exc
         if self._drain_waiter is not None:
-            await self._drain_waiter
+            # Shielded: a caller's timeout must not cancel the waiter that
+            # every later drain() shares.
+            await asyncio.shield(self._drain_waiter)
         if self._exc is not None:
             raise self._exc
 
