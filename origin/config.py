@@ -1,0 +1,257 @@
+"""The origin balancer's configuration: ``origin.toml`` validated into frozen dataclasses.
+
+One table per component, units in the names, defaults written here and nowhere
+else (``deploy/config/origin.example.toml`` is checked against this schema by a
+unit test). Loading goes through :func:`tunnel.runtime.config.load_config`, so
+every wrong key is reported as ``origin.toml: [pools[0].health] rise: ...``.
+
+Cross-field rules that one table cannot check on its own (pool names unique, at
+most one default pool, a host claimed by one pool only) are checked in
+:meth:`OriginConfig.__post_init__`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from tunnel.aio.transport import TunnelListenerConfig, parse_host_port
+from tunnel.mux import SessionConfig
+from tunnel.runtime.config import load_config
+
+__all__ = [
+    "AdminConfig",
+    "BackendConfig",
+    "DnsConfig",
+    "HealthCheckConfig",
+    "OriginConfig",
+    "OriginSection",
+    "PassiveHealthConfig",
+    "PoolConfig",
+    "load_origin_config",
+    "normalize_host",
+]
+
+Algorithm = Literal["least_connections", "round_robin", "weighted", "consistent_hash"]
+ProxyProtocolMode = Literal["off", "v1", "v2"]
+
+
+def normalize_host(text: str) -> str:
+    """``Example.COM:443`` -> ``example.com``; ``[::1]:80`` -> ``::1``; trailing dot dropped.
+
+    Pools are matched on this form of the stream's HTTP Host or TLS SNI.
+    """
+    host = text.strip().lower()
+    if host.startswith("["):
+        end = host.find("]")
+        host = host[1:end] if end > 0 else host[1:]
+    elif host.count(":") == 1:
+        host = host.partition(":")[0]
+    return host.rstrip(".")
+
+
+@dataclass(frozen=True, slots=True)
+class OriginSection:
+    id: str = "origin-1"
+    """This origin's name, in logs and metrics."""
+    workers: int = 0
+    """Worker processes sharing the tunnel listener; 0 means one per CPU."""
+    drain_timeout_s: float = 30.0
+    """On SIGTERM: how long in-flight streams may take to finish after GOAWAY
+    before the rest are reset."""
+    log_level: str = "info"
+    """debug, info, warning or error."""
+    log_json: bool = True
+    """JSON lines on stderr (journald); false for a plain line at a terminal."""
+
+    def __post_init__(self) -> None:
+        if self.workers < 0:
+            raise ValueError("workers must be >= 0 (0 means one per CPU)")
+        if self.drain_timeout_s < 0:
+            raise ValueError("drain_timeout_s must be >= 0")
+        if not self.id:
+            raise ValueError("id must not be empty")
+
+
+@dataclass(frozen=True, slots=True)
+class AdminConfig:
+    address: str = "127.0.0.1:9901"
+    """host:port of the admin HTTP listener (/healthz, /metrics, backend drain);
+    keep it on loopback or a management network: it has no authentication."""
+
+    def __post_init__(self) -> None:
+        parse_host_port(self.address)
+
+
+@dataclass(frozen=True, slots=True)
+class HealthCheckConfig:
+    path: str = "/health"
+    """HTTP path fetched with GET; a 2xx or 3xx answer is a pass."""
+    interval_s: float = 2.0
+    """Time between checks of one backend."""
+    timeout_s: float = 1.0
+    """A check not answered within this is a failure."""
+    rise: int = 2
+    """Consecutive passes that bring a down backend back."""
+    fall: int = 2
+    """Consecutive failures that take an up backend out."""
+
+    def __post_init__(self) -> None:
+        if not self.path.startswith("/"):
+            raise ValueError("path must start with '/'")
+        if not 0 < self.timeout_s <= self.interval_s:
+            raise ValueError("need 0 < timeout_s <= interval_s")
+        if self.rise < 1 or self.fall < 1:
+            raise ValueError("rise and fall must be at least 1")
+
+
+@dataclass(frozen=True, slots=True)
+class PassiveHealthConfig:
+    failures: int = 3
+    """Consecutive connect failures (in one worker) that eject a backend."""
+    eject_base_s: float = 1.0
+    """First ejection lasts this long; each further one in a row doubles it."""
+    eject_max_s: float = 30.0
+    """Longest ejection."""
+
+    def __post_init__(self) -> None:
+        if self.failures < 1:
+            raise ValueError("failures must be at least 1")
+        if not 0 < self.eject_base_s <= self.eject_max_s:
+            raise ValueError("need 0 < eject_base_s <= eject_max_s")
+
+
+@dataclass(frozen=True, slots=True)
+class BackendConfig:
+    address: str
+    """host:port of a Node.js backend (an IP address avoids a DNS lookup per connect)."""
+    weight: int = 1
+    """Relative share for the weighted algorithms (and least_connections' tie-break)."""
+
+    def __post_init__(self) -> None:
+        parse_host_port(self.address)
+        if not 1 <= self.weight <= 1000:
+            raise ValueError("weight must be in 1..1000")
+
+
+@dataclass(frozen=True, slots=True)
+class DnsConfig:
+    name: str
+    """The name to resolve (for SRV: ``_http._tcp.app.service.consul``)."""
+    type: Literal["A", "AAAA", "SRV"] = "A"
+    """A/AAAA give addresses (with ``port``); SRV gives targets, ports and weights."""
+    port: int = 0
+    """Backend port for A/AAAA records (SRV records carry their own)."""
+    interval_s: float = 10.0
+    """How often the name is resolved again."""
+    nameservers: tuple[str, ...] = ()
+    """``ip`` or ``ip:port`` of DNS servers to ask (Consul: ``127.0.0.1:8600``);
+    empty: the system resolver (A/AAAA through getaddrinfo, so /etc/hosts counts)."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("name must not be empty")
+        if self.type != "SRV" and not 0 < self.port <= 65535:
+            raise ValueError(f"type {self.type!r} needs a port (1-65535)")
+        if self.interval_s <= 0:
+            raise ValueError("interval_s must be positive")
+        for server in self.nameservers:
+            host, _, port = server.rpartition(":") if server.count(":") == 1 else (server, "", "")
+            try:
+                ipaddress.ip_address((host or server).strip("[]"))
+            except ValueError:
+                raise ValueError(f"nameserver {server!r} is not an IP address") from None
+            if port and not (port.isdigit() and 0 < int(port) <= 65535):
+                raise ValueError(f"nameserver {server!r}: bad port")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    name: str
+    """Pool name, in metrics and in the admin's drain URLs."""
+    hosts: tuple[str, ...] = ()
+    """HTTP Host / TLS SNI names served by this pool (``*.example.com`` matches
+    one or more labels in front of ``example.com``)."""
+    default: bool = False
+    """Streams whose host matches no pool go to the default pool."""
+    algorithm: Algorithm = "least_connections"
+    """least_connections, round_robin, weighted (smooth weighted round robin)
+    or consistent_hash (on the client IP, for stickiness)."""
+    proxy_protocol: ProxyProtocolMode = "off"
+    """Send a PROXY protocol header (v1 or v2) with the client address first."""
+    connect_timeout_s: float = 2.0
+    """Time allowed for one TCP connect to a backend."""
+    connect_retries: int = 2
+    """Other backends tried when a connect fails (nothing was sent yet)."""
+    max_connections_per_backend: int = 0
+    """Streams one worker sends to one backend at once; 0: no cap."""
+    slow_start_s: float = 0.0
+    """A backend that comes back ramps its weight from ~0 to full over this long."""
+    health: HealthCheckConfig | None = None
+    """Active HTTP checks; without this table only passive ejection applies."""
+    passive: PassiveHealthConfig = field(default_factory=PassiveHealthConfig)
+    """Ejection after consecutive connect failures."""
+    backends: tuple[BackendConfig, ...] = ()
+    """Static backends."""
+    dns: DnsConfig | None = None
+    """Backends discovered in DNS (in addition to the static ones)."""
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name:
+            raise ValueError("name must be non-empty and contain no '/'")
+        if not self.backends and self.dns is None:
+            raise ValueError(f"pool {self.name!r} needs backends or a dns table")
+        if self.connect_timeout_s <= 0:
+            raise ValueError("connect_timeout_s must be positive")
+        if self.connect_retries < 0 or self.max_connections_per_backend < 0:
+            raise ValueError("connect_retries and max_connections_per_backend must be >= 0")
+        if self.slow_start_s < 0:
+            raise ValueError("slow_start_s must be >= 0")
+        seen: set[str] = set()
+        for backend in self.backends:
+            if backend.address in seen:
+                raise ValueError(f"backend {backend.address} listed twice")
+            seen.add(backend.address)
+        for host in self.hosts:
+            if normalize_host(host) != host.lower().rstrip(".") or not host:
+                raise ValueError(f"host {host!r}: give a bare name, without port")
+
+
+@dataclass(frozen=True, slots=True)
+class OriginConfig:
+    tunnel_listener: TunnelListenerConfig
+    """Where edges connect (mutual TLS, or TCP inside WireGuard)."""
+    pools: tuple[PoolConfig, ...]
+    """Backend pools, chosen per stream by Host/SNI."""
+    origin: OriginSection = field(default_factory=OriginSection)
+    tunnel: SessionConfig = field(default_factory=SessionConfig)
+    """Tunnel tuning (windows, ping, limits)."""
+    admin: AdminConfig = field(default_factory=AdminConfig)
+
+    def __post_init__(self) -> None:
+        if not self.pools:
+            raise ValueError("at least one [[pools]] is needed")
+        names = [pool.name for pool in self.pools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"pool names must be unique: {', '.join(duplicates)}")
+        defaults = [pool.name for pool in self.pools if pool.default]
+        if len(defaults) > 1:
+            raise ValueError(f"more than one default pool: {', '.join(defaults)}")
+        owner: dict[str, str] = {}
+        for pool in self.pools:
+            for host in pool.hosts:
+                key = host.lower().rstrip(".")
+                if key in owner:
+                    raise ValueError(f"host {host!r} is in pools {owner[key]!r} and {pool.name!r}")
+                owner[key] = pool.name
+
+    def pool(self, name: str) -> PoolConfig | None:
+        return next((pool for pool in self.pools if pool.name == name), None)
+
+
+def load_origin_config(path: str | Path) -> OriginConfig:
+    """Read and validate ``origin.toml``; raises :class:`~tunnel.runtime.config.ConfigError`."""
+    return load_config(path, OriginConfig)

@@ -1,0 +1,284 @@
+"""The origin daemon's parent process: sockets, workers, control plane, admin.
+
+Start-up, in this order (the order is the point):
+
+1. multiprocess metrics on (a fresh ``PROMETHEUS_MULTIPROC_DIR``);
+2. bind the tunnel listener and build its TLS context (with the handshake
+   audit), so every worker forked later shares both;
+3. the control plane resolves DNS pools once and starts health checks;
+4. the admin listener; 5. fork the workers, each starting from the latest snapshot.
+
+Parent <-> workers: the parent publishes pool snapshots (membership, health,
+drains, pool settings) on each worker's control pipe
+(:meth:`~tunnel.runtime.workers.Supervisor.broadcast`, JSON lines). Drains go
+this way too: ``POST /backends/<pool>/<host:port>/drain`` on the admin changes
+the control state, which publishes a new snapshot; a worker forked later gets
+the drain in its starting snapshot.
+
+Signals: SIGTERM/SIGINT: stop (workers send GOAWAY, drain for up to
+``drain_timeout_s``, reset the rest, exit; the parent waits for them, SIGKILLs
+stragglers 5 s after the drain deadline, and exits 0). SIGHUP: reload the
+config file's pools; an invalid file is logged and the old pools stay.
+Settings that need a restart (listener, tunnel tuning, admin address, worker
+count) are reported as such and left as they were.
+
+``/healthz`` is 200 when every worker is running (not stopping) and at least
+one backend of some pool is healthy and not drained.
+
+``in_process=True`` runs one worker inside the parent's event loop, with no
+fork and no multiprocess metrics: the same wiring, for tests that need to
+reach into the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import ssl
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import uvloop
+from aiohttp import web
+
+from origin.admission import TlsAudit
+from origin.config import OriginConfig, load_origin_config
+from origin.control import ControlPlane
+from origin.metrics import ControlMetrics, WorkerMetrics
+from origin.server import OriginWorker
+from origin.snapshot import PoolSnapshot, encode_snapshots
+from origin.state import UnknownBackend
+from tunnel.aio.transport import listener_ssl_context, parse_host_port
+from tunnel.runtime.admin import AdminServer, HealthReport
+from tunnel.runtime.config import ConfigError
+from tunnel.runtime.metrics import (
+    cleanup_multiprocess,
+    enable_multiprocess,
+    process_exited,
+)
+from tunnel.runtime.workers import Supervisor, WorkerContext, listen_control
+
+__all__ = ["OriginDaemon", "bind_listener"]
+
+log = logging.getLogger("geoedge.origin")
+
+#: Grace after the drain deadline before the parent SIGKILLs a worker.
+KILL_GRACE_S = 5.0
+
+
+def bind_listener(address: str) -> socket.socket:
+    """The shared listening socket (SO_REUSEADDR, backlog 1024, non-blocking)."""
+    host, port = parse_host_port(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=1024)
+    sock.setblocking(False)
+    return sock
+
+
+class OriginDaemon:
+    def __init__(
+        self,
+        config: OriginConfig,
+        *,
+        config_path: str | Path | None = None,
+        in_process: bool = False,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.in_process = in_process
+        self._metrics_dir: Path | None = None
+        self._sock: socket.socket | None = None
+        self._ssl: ssl.SSLContext | None = None
+        self._audit = TlsAudit()
+        self.control: ControlPlane | None = None
+        self.supervisor: Supervisor | None = None
+        self.worker: OriginWorker | None = None
+        self.admin: AdminServer | None = None
+        self._stop: asyncio.Event | None = None
+        self.ready: asyncio.Event | None = None
+
+    # -- parent ------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Run until stopped (SIGTERM/SIGINT, or :meth:`stop`); the exit status."""
+        self._stop = asyncio.Event()
+        self.ready = asyncio.Event()
+        if not self.in_process:
+            self._metrics_dir = enable_multiprocess()
+        try:
+            await self._run()
+        finally:
+            if self._metrics_dir is not None:
+                cleanup_multiprocess(self._metrics_dir)
+        return 0
+
+    async def _run(self) -> None:
+        config = self.config
+        listener = config.tunnel_listener
+        self._sock = bind_listener(listener.address)
+        context = listener_ssl_context(listener)
+        self._ssl = self._audit.install(context) if context is not None else None
+        control_metrics = ControlMetrics()
+        self.control = ControlPlane(config, self._publish, metrics=control_metrics)
+        registries = [control_metrics.registry]
+        if self.in_process:
+            worker_metrics = WorkerMetrics()
+            registries.append(worker_metrics.registry)
+            self.worker = OriginWorker(config, self.control.snapshots, metrics=worker_metrics)
+        else:
+            self.supervisor = Supervisor(
+                self._worker_main,
+                workers=config.origin.workers,
+                stop_timeout_s=config.origin.drain_timeout_s + KILL_GRACE_S,
+                on_reload=self.request_reload,
+                on_worker_exit=self._on_worker_exit,
+                parent_fds=self._parent_fds,
+            )
+        self.admin = AdminServer(
+            config.admin.address, health=self.health, registries=registries, routes=self._routes()
+        )
+        try:
+            await self.control.start()
+            await self.admin.start()
+            if self.worker is not None:
+                await self.worker.start(
+                    sock=self._sock, ssl_context=self._ssl, tls_audit=self._audit
+                )
+                self.ready.set()  # type: ignore[union-attr]
+                await self._stop.wait()  # type: ignore[union-attr]
+                await self.worker.shutdown()
+            else:
+                assert self.supervisor is not None
+                counter = asyncio.get_running_loop().create_task(self._count_workers())
+                self.ready.set()  # type: ignore[union-attr]
+                try:
+                    await self.supervisor.run()
+                finally:
+                    counter.cancel()
+        finally:
+            await self.admin.close()
+            await self.control.close()
+            self._sock.close()
+
+    def stop(self) -> None:
+        """Begin the graceful stop (what SIGTERM does)."""
+        if self.supervisor is not None:
+            self.supervisor.stop()
+        if self._stop is not None:
+            self._stop.set()
+
+    def request_reload(self) -> None:
+        """SIGHUP: re-read the config file's pools (in a task: it may resolve DNS)."""
+        asyncio.get_running_loop().create_task(self.reload())
+
+    async def reload(self, config: OriginConfig | None = None) -> bool:
+        """Adopt the pools of ``config`` (or of the config file); False if invalid."""
+        assert self.control is not None
+        metrics = self.control.metrics
+        if config is None:
+            if self.config_path is None:
+                log.error("reload: no config file to read")
+                return False
+            try:
+                config = load_origin_config(self.config_path)
+            except ConfigError as exc:
+                log.error("reload rejected, keeping the running pools:\n%s", exc)
+                metrics.reloads.labels("error").inc()
+                return False
+        unchanged = replace(config, pools=self.config.pools)
+        if unchanged != self.config:
+            log.warning("reload: only [[pools]] change without a restart; other changes ignored")
+        self.config = replace(self.config, pools=config.pools)
+        await self.control.reload(self.config)
+        metrics.reloads.labels("ok").inc()
+        log.info("reloaded: %d pool(s)", len(config.pools))
+        return True
+
+    def _publish(self, snapshots: tuple[PoolSnapshot, ...]) -> None:
+        if self.worker is not None:
+            self.worker.apply_snapshots(snapshots)
+        if self.supervisor is not None:
+            self.supervisor.broadcast({"op": "pools", "pools": encode_snapshots(snapshots)})
+
+    def _on_worker_exit(self, pid: int, code: int) -> None:
+        process_exited(pid)
+        if self.control is not None and not self.supervisor.statistics().stopping:  # type: ignore[union-attr]
+            self.control.metrics.worker_restarts.inc()
+
+    def _parent_fds(self) -> list[int]:
+        fd = self.admin.fileno() if self.admin is not None else None
+        return [fd] if fd is not None else []
+
+    async def _count_workers(self) -> None:
+        assert self.supervisor is not None and self.control is not None
+        gauge = self.control.metrics.workers_running
+        while True:
+            gauge.set(self.supervisor.running)
+            await asyncio.sleep(1.0)
+
+    # -- admin -------------------------------------------------------------------------
+
+    def health(self) -> HealthReport:
+        assert self.control is not None
+        if self.supervisor is not None:
+            stats = self.supervisor.statistics()
+            workers_ok = self.supervisor.all_running
+            workers = {"target": stats.target, "running": stats.running, "restarts": stats.restarts}
+        else:
+            workers_ok = self.worker is not None and not self.worker.statistics().draining
+            workers = {"target": 1, "running": 1 if workers_ok else 0, "restarts": 0}
+        usable = self.control.state.usable_backends()
+        detail: dict[str, Any] = {
+            "workers": workers,
+            "usable_backends": usable,
+            "pools": self.control.status(),
+        }
+        return workers_ok and usable > 0, detail
+
+    def _routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/backends", self._backends),
+            web.post("/backends/{pool}/{address}/drain", self._drain),
+            web.post("/backends/{pool}/{address}/undrain", self._drain),
+        ]
+
+    async def _backends(self, request: web.Request) -> web.Response:
+        assert self.control is not None
+        return web.json_response(self.control.status())
+
+    async def _drain(self, request: web.Request) -> web.Response:
+        assert self.control is not None
+        pool, address = request.match_info["pool"], request.match_info["address"]
+        drained = request.path.endswith("/drain")
+        try:
+            changed = self.control.drain(pool, address, drained)
+        except UnknownBackend as exc:
+            return web.json_response({"error": str(exc.args[0])}, status=404)
+        return web.json_response(
+            {"pool": pool, "backend": address, "drained": drained, "changed": changed}
+        )
+
+    # -- worker process ----------------------------------------------------------------
+
+    def _worker_main(self, context: WorkerContext) -> int:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(self._worker_process(context))
+
+    async def _worker_process(self, context: WorkerContext) -> int:
+        assert self.control is not None
+        loop = asyncio.get_running_loop()
+        worker = OriginWorker(self.config, self.control.snapshots, metrics=WorkerMetrics())
+        stopping = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        loop.add_signal_handler(signal.SIGHUP, lambda: None)  # the parent reloads
+        await worker.start(sock=self._sock, ssl_context=self._ssl, tls_audit=self._audit)
+        pipe = await listen_control(context, worker.on_control, stopping.set)
+        log.info("worker %d serving on %s", context.index, self.config.tunnel_listener.address)
+        await stopping.wait()
+        await worker.shutdown()
+        pipe.close()
+        return 0

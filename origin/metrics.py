@@ -1,0 +1,104 @@
+"""The origin's Prometheus series, declared once (names are ``geoedge_origin_*``).
+
+Workers own the per-stream series, the parent owns health and worker counts;
+in multiprocess mode the admin merges them (:mod:`tunnel.runtime.metrics`).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from tunnel.runtime.metrics import MetricSet
+
+__all__ = ["ControlMetrics", "WorkerMetrics"]
+
+NAMESPACE = "geoedge_origin"
+
+
+class WorkerMetrics:
+    """Series a worker process updates."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        m = MetricSet(NAMESPACE, registry)
+        self.registry = m.registry
+        self.streams = m.counter(
+            "streams", "Streams forwarded to a backend (connected).", ("pool", "backend")
+        )
+        self.streams_active = m.gauge(
+            "streams_active", "Streams in flight to a backend.", ("pool", "backend")
+        )
+        self.stream_failures = m.counter(
+            "stream_failures",
+            "Streams reset by the origin: NO_BACKEND, CONNECT_FAILED, UPSTREAM_RESET.",
+            ("pool", "reason"),
+        )
+        self.bytes = m.counter(
+            "bytes",
+            "Stream payload octets forwarded, added when the stream ends;"
+            " direction is to_backend or from_backend.",
+            ("pool", "backend", "direction"),
+        )
+        self.connect_failures = m.counter(
+            "connect_failures",
+            "Failed TCP connects to a backend (refused, timeout, error).",
+            ("pool", "backend", "reason"),
+        )
+        self.connect_retries = m.counter(
+            "connect_retries", "Connects retried on another backend after a failure.", ("pool",)
+        )
+        self.ejections = m.counter(
+            "backend_ejections",
+            "Passive ejections after consecutive connect failures.",
+            ("pool", "backend"),
+        )
+        self.ejected = m.gauge(
+            "backend_ejected",
+            "1 while a worker has the backend passively ejected.",
+            ("pool", "backend"),
+            mode="livemax",
+        )
+        self.edges_connected = m.gauge(
+            "edges_connected", "Tunnel connections open, by edge identity.", ("edge",)
+        )
+        self.edge_rtt = m.gauge(
+            "edge_rtt_seconds",
+            "Smoothed RTT of an edge's tunnel (largest over its connections).",
+            ("edge",),
+            mode="livemax",
+        )
+        self.edges_refused = m.counter(
+            "edges_refused", "Tunnel connections refused, by reason.", ("reason",)
+        )
+
+
+class ControlMetrics:
+    """Series the parent (control plane) updates."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        m = MetricSet(NAMESPACE, registry)
+        self.registry = m.registry
+        self.backend_healthy = m.gauge(
+            "backend_healthy",
+            "1 when the backend passes its active health checks (or has none).",
+            ("pool", "backend"),
+            mode="livemax",
+        )
+        self.backend_drained = m.gauge(
+            "backend_drained",
+            "1 while drained through the admin API.",
+            ("pool", "backend"),
+            mode="livemax",
+        )
+        self.health_checks = m.counter(
+            "health_checks",
+            "Active health checks by result (pass, fail).",
+            ("pool", "backend", "result"),
+        )
+        self.dns_resolutions = m.counter(
+            "dns_resolutions", "DNS discovery lookups by result (ok, error).", ("pool", "result")
+        )
+        self.workers_running = m.gauge(
+            "workers_running", "Worker processes running.", mode="livemax"
+        )
+        self.worker_restarts = m.counter("worker_restarts", "Workers restarted after dying.")
+        self.reloads = m.counter("reloads", "SIGHUP reloads by result (ok, error).", ("result",))

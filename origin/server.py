@@ -1,0 +1,377 @@
+"""One origin worker: accepts edges' streams, picks a backend, splices.
+
+Per stream (:meth:`OriginWorker.on_stream`): route to a pool by Host/SNI
+(:class:`origin.balancer.PoolRouter`), answer with a :class:`~origin.forward.Splice`
+at once (its reading paused: the 0-RTT bytes wait), then connect in a task:
+
+1. choose a backend (:meth:`origin.balancer.BackendPool.choose`), counting the
+   stream against it *before* the connect, so a burst of streams spreads
+   under least_connections instead of all seeing zero in flight;
+2. connect within ``connect_timeout_s``; on failure record it (passive
+   ejection), exclude that backend and try another, up to ``connect_retries``
+   more times: nothing has been sent, so a retry is always safe;
+3. none left: reset the stream with ``NO_BACKEND`` if the pool had no usable
+   backend to begin with, else ``CONNECT_FAILED``; the edge answers 503/502.
+
+Pool state comes from the parent as snapshots (:mod:`origin.snapshot`) on the
+control pipe, or directly in process (:meth:`OriginWorker.apply_snapshots`).
+
+Shutdown (:meth:`OriginWorker.shutdown`), one idempotent sequence (STYLE.md §13):
+stop accepting, GOAWAY every tunnel connection (edges open new streams
+elsewhere), let in-flight streams finish until the drain deadline, then
+abort what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from origin.admission import TlsAudit, refusal_reason
+from origin.balancer import (
+    Backend,
+    BackendPool,
+    PoolRouter,
+    record_connect_failure,
+    record_connect_success,
+)
+from origin.config import OriginConfig
+from origin.forward import BackendProtocol, Splice, proxy_preamble
+from origin.metrics import WorkerMetrics
+from origin.snapshot import PoolSnapshot, decode_snapshots
+from tunnel.aio.connection import PeerRefused, TunnelConnection
+from tunnel.aio.stream import TunnelStream
+from tunnel.aio.transport import serve_tunnel
+from tunnel.mux import ErrorCode
+from tunnel.runtime.logs import debug_enabled, log_event
+
+__all__ = ["OriginWorker", "WorkerStatistics"]
+
+log = logging.getLogger("geoedge.origin")
+
+#: How often edge RTTs are published to the metrics.
+EDGE_METRICS_INTERVAL_S = 2.0
+
+
+@dataclass(slots=True, eq=False)
+class _BackendTag:
+    """Per-backend metric handles, looked up once (not per stream)."""
+
+    streams: Any
+    active: Any
+    bytes_up: Any
+    bytes_down: Any
+    ejected: Any
+    pool: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatistics:
+    streams_total: int
+    streams_active: int
+    connections: int
+    draining: bool
+
+
+class OriginWorker:
+    """Serves tunnel streams in one process; see the module docstring."""
+
+    def __init__(
+        self,
+        config: OriginConfig,
+        snapshots: tuple[PoolSnapshot, ...],
+        *,
+        metrics: WorkerMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics or WorkerMetrics()
+        self._clock = clock
+        self._loop = asyncio.get_running_loop()
+        self.pools: dict[str, BackendPool] = {}
+        self.router = PoolRouter(())
+        self._server: asyncio.Server | None = None
+        self._connections: set[TunnelConnection] = set()
+        self._splices: set[Splice] = set()
+        self._draining = False
+        self._shutdown_task: asyncio.Task[None] | None = None
+        self._edge_timer: asyncio.TimerHandle | None = None
+        self._streams_total = 0
+        self._debug = debug_enabled(log)
+        self.apply_snapshots(snapshots)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(
+        self,
+        *,
+        sock: socket.socket | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        tls_audit: TlsAudit | None = None,
+    ) -> None:
+        """Listen (on the parent's shared ``sock`` in a worker process)."""
+        if tls_audit is not None:
+            tls_audit.sink = self._edge_refused
+        self._server = await serve_tunnel(
+            self.config.tunnel_listener,
+            self.config.tunnel,
+            self.on_stream,
+            on_connection=self._on_connection,
+            sock=sock,
+            ssl_context=ssl_context,
+        )
+        self._edge_timer = self._loop.call_later(EDGE_METRICS_INTERVAL_S, self._publish_edges)
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    def shutdown(self, drain_timeout_s: float | None = None) -> asyncio.Task[None]:
+        """Begin the graceful shutdown; returns its task (the same one if called again)."""
+        if self._shutdown_task is None:
+            timeout = (
+                self.config.origin.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+            )
+            self._shutdown_task = self._loop.create_task(self._shutdown(timeout))
+        return self._shutdown_task
+
+    async def _shutdown(self, drain_timeout_s: float) -> None:
+        self._draining = True
+        if self._server is not None:
+            self._server.close()
+        connections = [c for c in self._connections if not c.closed.done()]
+        log_event(
+            log,
+            "info",
+            "draining: GOAWAY sent to edges",
+            connections=len(connections),
+            streams=len(self._splices),
+            drain_timeout_s=drain_timeout_s,
+        )
+        for connection in connections:
+            connection.go_away("origin shutting down")
+        if connections:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(drain_timeout_s):
+                    await asyncio.gather(*(c.wait_closed() for c in connections))
+        left = [c for c in connections if not c.closed.done()]
+        if left or self._splices:
+            log_event(
+                log,
+                "warning",
+                "drain deadline passed: resetting the rest",
+                connections=len(left),
+                streams=len(self._splices),
+            )
+        for connection in left:
+            connection.abort("drain deadline passed")
+        for splice in list(self._splices):
+            if splice.stream is not None:
+                splice.stream.abort(ErrorCode.CANCEL)
+        if self._edge_timer is not None:
+            self._edge_timer.cancel()
+        await asyncio.sleep(0)  # let the aborts' callbacks run
+        log.info("worker drained")
+
+    # -- control -----------------------------------------------------------------------
+
+    def on_control(self, message: dict[str, Any]) -> None:
+        """A message from the parent (:func:`tunnel.runtime.workers.listen_control`)."""
+        if message.get("op") == "pools":
+            self.apply_snapshots(decode_snapshots(message["pools"]))
+        else:
+            log.warning("unknown control message %r", message.get("op"))
+
+    def apply_snapshots(self, snapshots: tuple[PoolSnapshot, ...]) -> None:
+        """Adopt the parent's pools; in-flight streams keep their backends."""
+        pools: dict[str, BackendPool] = {}
+        for snapshot in snapshots:
+            pool = self.pools.get(snapshot.name)
+            if pool is None:
+                pool = BackendPool(snapshot)
+            pool.apply(snapshot)
+            for backend in pool.backends:
+                if backend.tag is None:
+                    backend.tag = self._tag(pool.name, backend.address)
+            pools[snapshot.name] = pool
+        self.pools = pools
+        self.router = PoolRouter(snapshots)
+
+    def _tag(self, pool: str, address: str) -> _BackendTag:
+        m = self.metrics
+        return _BackendTag(
+            streams=m.streams.labels(pool, address),
+            active=m.streams_active.labels(pool, address),
+            bytes_up=m.bytes.labels(pool, address, "to_backend"),
+            bytes_down=m.bytes.labels(pool, address, "from_backend"),
+            ejected=m.ejected.labels(pool, address),
+            pool=pool,
+        )
+
+    # -- streams -----------------------------------------------------------------------
+
+    def on_stream(self, stream: TunnelStream) -> Splice:
+        splice = Splice(self._finished)
+        self._splices.add(splice)
+        metadata = stream.metadata
+        name = (
+            self.router.route(metadata.host, metadata.server_name)
+            if metadata
+            else (self.router.default)
+        )
+        pool = self.pools.get(name) if name is not None else None
+        splice.connect_task = self._loop.create_task(self._connect(splice, pool))
+        return splice
+
+    async def _connect(self, splice: Splice, pool: BackendPool | None) -> None:
+        await asyncio.sleep(0)  # connection_made has run: splice.stream is set
+        if pool is None:
+            self._fail(splice, "-", ErrorCode.NO_BACKEND)
+            return
+        stream = splice.stream
+        metadata = stream.metadata if stream is not None else None
+        client = metadata.client_address if metadata is not None else None
+        key = client[0].encode() if client else b""
+        settings = pool.settings
+        tried: list[Backend] = []
+        for attempt in range(settings.connect_retries + 1):
+            now = self._clock()
+            backend = pool.choose(now, key, tried)
+            if backend is None:
+                code = ErrorCode.NO_BACKEND if not tried else ErrorCode.CONNECT_FAILED
+                self._fail(splice, pool.name, code)
+                return
+            if attempt:
+                self.metrics.connect_retries.labels(pool.name).inc()
+            backend.active += 1
+            try:
+                async with asyncio.timeout(settings.connect_timeout_s):
+                    transport, _ = await self._loop.create_connection(
+                        lambda: BackendProtocol(splice), backend.host, backend.port
+                    )
+            except asyncio.CancelledError:
+                backend.active -= 1
+                raise
+            except (OSError, TimeoutError) as exc:
+                backend.active -= 1
+                self._connect_failed(pool, backend, exc)
+                tried.append(backend)
+                continue
+            record_connect_success(backend)
+            self._streams_total += 1
+            tag = backend.tag
+            tag.streams.inc()
+            tag.active.inc()
+            splice.tag = backend
+            splice.attach(transport, proxy_preamble(settings.proxy_protocol, metadata))
+            return
+        self._fail(splice, pool.name, ErrorCode.CONNECT_FAILED)
+
+    def _connect_failed(self, pool: BackendPool, backend: Backend, exc: BaseException) -> None:
+        if isinstance(exc, TimeoutError):
+            reason = "timeout"
+        elif isinstance(exc, ConnectionRefusedError):
+            reason = "refused"
+        else:
+            reason = "error"
+        self.metrics.connect_failures.labels(pool.name, backend.address, reason).inc()
+        if record_connect_failure(backend, self._clock(), pool.settings.passive):
+            self.metrics.ejections.labels(pool.name, backend.address).inc()
+            backend.tag.ejected.set(1)
+            delay = max(0.0, backend.ejected_until - self._clock())
+            self._loop.call_later(delay, backend.tag.ejected.set, 0)
+            log_event(
+                log,
+                "warning",
+                "backend ejected after connect failures",
+                pool=pool.name,
+                backend=backend.address,
+                reason=reason,
+                eject_s=round(delay, 3),
+            )
+        elif self._debug:
+            log.debug("connect to %s failed: %s", backend.address, exc)
+
+    def _fail(self, splice: Splice, pool: str, code: ErrorCode) -> None:
+        self.metrics.stream_failures.labels(pool, code.name).inc()
+        if self._debug:
+            log.debug("stream reset: %s (pool %s)", code.name, pool)
+        splice.fail(code)
+
+    def _finished(self, splice: Splice, exc: BaseException | None) -> None:
+        self._splices.discard(splice)
+        backend = splice.tag
+        if backend is None:
+            return
+        backend.active -= 1
+        tag = backend.tag
+        tag.active.dec()
+        if splice.bytes_up:
+            tag.bytes_up.inc(splice.bytes_up)
+        if splice.bytes_down:
+            tag.bytes_down.inc(splice.bytes_down)
+        if exc is not None and getattr(exc, "code", None) == ErrorCode.UPSTREAM_RESET:
+            self.metrics.stream_failures.labels(tag.pool, "UPSTREAM_RESET").inc()
+
+    # -- edges -------------------------------------------------------------------------
+
+    def _on_connection(self, connection: TunnelConnection) -> None:
+        connection.established.add_done_callback(
+            lambda future: self._on_established(connection, future)
+        )
+
+    def _on_established(self, connection: TunnelConnection, future: asyncio.Future[None]) -> None:
+        exc = None if future.cancelled() else future.exception()
+        if isinstance(exc, PeerRefused):
+            self._edge_refused(refusal_reason(exc))
+            return
+        if exc is not None or future.cancelled():
+            return
+        identity = connection.info.peer_identity
+        self._connections.add(connection)
+        self.metrics.edges_connected.labels(identity).inc()
+        log_event(
+            log, "info", "edge connected", edge=identity, peer=str(connection.info.peer_address)
+        )
+        if self._draining:
+            connection.go_away("origin shutting down")
+
+        def gone(_: object) -> None:
+            self._connections.discard(connection)
+            self.metrics.edges_connected.labels(identity).dec()
+
+        connection.closed.add_done_callback(gone)
+
+    def _edge_refused(self, reason: str) -> None:
+        self.metrics.edges_refused.labels(reason).inc()
+
+    def _publish_edges(self) -> None:
+        rtts: dict[str, float] = {}
+        for connection in self._connections:
+            srtt = connection.srtt_s
+            identity = connection.info.peer_identity
+            if srtt is not None:
+                rtts[identity] = max(rtts.get(identity, 0.0), srtt)
+        for identity, srtt in rtts.items():
+            self.metrics.edge_rtt.labels(identity).set(srtt)
+        self._edge_timer = self._loop.call_later(EDGE_METRICS_INTERVAL_S, self._publish_edges)
+
+    def splices(self) -> tuple[Splice, ...]:
+        """The streams in flight (their byte counts, backends and transports)."""
+        return tuple(self._splices)
+
+    def statistics(self) -> WorkerStatistics:
+        return WorkerStatistics(
+            streams_total=self._streams_total,
+            streams_active=len(self._splices),
+            connections=len(self._connections),
+            draining=self._draining,
+        )

@@ -1,0 +1,102 @@
+"""What the parent tells its workers about pools: plain data, JSON on the control pipe.
+
+The parent process owns everything that must be decided once for the whole
+origin (DNS discovery, active health checks, drained backends, the pool
+settings of the config file it last loaded) and publishes it as one
+:class:`PoolSnapshot` per pool. A worker reconciles its balancer state with each
+snapshot it receives (:meth:`origin.balancer.BackendPool.apply`), keeping the
+counters of backends that stay. A snapshot is complete, not a delta, so a lost
+or reordered message cannot leave a worker with a half-applied change, and a
+worker forked later starts from the latest one.
+
+Times are ``time.monotonic()`` values: CLOCK_MONOTONIC is one clock for every
+process on the host, so a worker can compute a slow-start ramp from the moment
+the parent saw a backend come back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from origin.config import PassiveHealthConfig, PoolConfig
+
+__all__ = ["BackendSpec", "PoolSnapshot", "decode_snapshots", "encode_snapshots"]
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    """One backend as the parent sees it."""
+
+    address: str
+    """host:port to connect to."""
+    weight: int = 1
+    healthy: bool = True
+    """Verdict of the active health checks (True when the pool has none)."""
+    up_since: float = float("-inf")
+    """When the backend last became healthy (monotonic); slow start ramps from here."""
+    drained: bool = False
+    """Set through the admin API: no new streams, in-flight ones carry on."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    """A pool's settings (from the config) and its current backends."""
+
+    name: str
+    hosts: tuple[str, ...] = ()
+    default: bool = False
+    algorithm: str = "least_connections"
+    proxy_protocol: str = "off"
+    connect_timeout_s: float = 2.0
+    connect_retries: int = 2
+    max_connections_per_backend: int = 0
+    slow_start_s: float = 0.0
+    passive: PassiveHealthConfig = dataclasses.field(default_factory=PassiveHealthConfig)
+    backends: tuple[BackendSpec, ...] = ()
+
+    @classmethod
+    def from_config(cls, pool: PoolConfig, backends: tuple[BackendSpec, ...]) -> PoolSnapshot:
+        return cls(
+            name=pool.name,
+            hosts=pool.hosts,
+            default=pool.default,
+            algorithm=pool.algorithm,
+            proxy_protocol=pool.proxy_protocol,
+            connect_timeout_s=pool.connect_timeout_s,
+            connect_retries=pool.connect_retries,
+            max_connections_per_backend=pool.max_connections_per_backend,
+            slow_start_s=pool.slow_start_s,
+            passive=pool.passive,
+            backends=backends,
+        )
+
+
+def encode_snapshots(pools: tuple[PoolSnapshot, ...]) -> list[dict[str, Any]]:
+    """JSON-ready form; ``-inf`` (never went down) is sent as None."""
+    out = []
+    for pool in pools:
+        item = dataclasses.asdict(pool)
+        for backend in item["backends"]:
+            if backend["up_since"] == float("-inf"):
+                backend["up_since"] = None
+        out.append(item)
+    return out
+
+
+def decode_snapshots(items: list[dict[str, Any]]) -> tuple[PoolSnapshot, ...]:
+    """Inverse of :func:`encode_snapshots`; raises ValueError/TypeError/KeyError on junk."""
+    pools = []
+    for item in items:
+        fields = dict(item)
+        backends = []
+        for raw in fields.pop("backends"):
+            spec = dict(raw)
+            if spec.get("up_since") is None:
+                spec["up_since"] = float("-inf")
+            backends.append(BackendSpec(**spec))
+        passive = PassiveHealthConfig(**fields.pop("passive"))
+        fields["hosts"] = tuple(fields["hosts"])
+        pools.append(PoolSnapshot(**fields, passive=passive, backends=tuple(backends)))
+    return tuple(pools)

@@ -1,0 +1,234 @@
+"""The prefork supervisor with real forked workers: start, control messages,
+restarts with backoff, signal forwarding, the stop deadline, inherited
+descriptors. Workers report to a file the test reads."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import uvloop
+
+from tests.conftest import run_async
+from tunnel.policy import Backoff
+from tunnel.runtime.workers import (
+    Supervisor,
+    WorkerContext,
+    listen_control,
+    resolve_worker_count,
+)
+
+FAST = Backoff(base_s=0.05, cap_s=0.2)
+
+
+def report(path: Path, line: str) -> None:
+    with path.open("a") as out:
+        out.write(line + "\n")
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def until(condition: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+def serving_worker(
+    path: Path, *, ignore_term: bool = False, parent_fd: tuple[int, int] | None = None
+):
+    """A worker that reports its life and every control message to ``path``."""
+
+    def main(context: WorkerContext) -> int:
+        async def run() -> int:
+            loop = asyncio.get_running_loop()
+            stop = asyncio.Event()
+            if not ignore_term:
+                loop.add_signal_handler(signal.SIGTERM, stop.set)
+            else:
+                loop.add_signal_handler(signal.SIGTERM, lambda: None)
+            loop.add_signal_handler(signal.SIGHUP, lambda: report(path, f"hup {context.index}"))
+            if parent_fd is not None:  # (fd, inode): the number itself may be reused
+                try:
+                    same = os.fstat(parent_fd[0]).st_ino == parent_fd[1]
+                except OSError:
+                    same = False
+                report(path, "parent fd open" if same else "parent fd closed")
+            await listen_control(
+                context,
+                lambda m: report(path, f"msg {context.index} {m['n']}"),
+                lambda: report(path, "parent gone"),
+            )
+            report(path, f"started {context.index} {os.getpid()} {context.parent_pid}")
+            await stop.wait()
+            report(path, f"stopped {context.index}")
+            return 0
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(run())
+
+    return main
+
+
+def started(path: Path) -> list[str]:
+    return [line for line in lines(path) if line.startswith("started")]
+
+
+def test_worker_count_zero_means_cpus() -> None:
+    assert resolve_worker_count(3) == 3
+    assert resolve_worker_count(0) == len(os.sched_getaffinity(0))
+
+
+def test_workers_start_get_messages_and_stop_on_sigterm(tmp_path: Path) -> None:
+    path = tmp_path / "report"
+    reloads: list[int] = []
+    exits: list[tuple[int, int]] = []
+    supervisor = Supervisor(
+        serving_worker(path),
+        workers=2,
+        restart_backoff=FAST,
+        on_reload=lambda: reloads.append(1),
+        on_worker_exit=lambda pid, code: exits.append((pid, code)),
+    )
+
+    async def main() -> None:
+        task = asyncio.get_running_loop().create_task(supervisor.run())
+        await until(lambda: len(started(path)) == 2)
+        assert supervisor.all_running
+        supervisor.broadcast({"n": 1})
+        supervisor.broadcast({"n": 2})
+        await until(lambda: sum(line.startswith("msg") for line in lines(path)) == 4)
+        os.kill(os.getpid(), signal.SIGHUP)
+        await until(lambda: sum(line.startswith("hup") for line in lines(path)) == 2)
+        assert reloads == [1]
+        os.kill(os.getpid(), signal.SIGTERM)  # the supervisor's handler, not pytest's death
+        await asyncio.wait_for(task, 10)
+
+    run_async(main(), 20)
+    report_lines = lines(path)
+    for index in (0, 1):
+        assert [x for x in report_lines if x.startswith(f"msg {index}")] == [
+            f"msg {index} 1",
+            f"msg {index} 2",
+        ]
+        assert f"stopped {index}" in report_lines
+    assert all(line.split()[3] == str(os.getpid()) for line in started(path))
+    assert sorted(code for _, code in exits) == [0, 0]
+    assert supervisor.statistics().running == 0 and supervisor.statistics().restarts == 0
+
+
+def test_a_dead_worker_is_restarted_with_backoff(tmp_path: Path) -> None:
+    path = tmp_path / "report"
+    crash_marker = tmp_path / "crashed"
+    serve = serving_worker(path)
+
+    def flaky(context: WorkerContext) -> int:
+        if not crash_marker.exists():
+            crash_marker.write_text("x")
+            return 3  # dies at once, the first time
+        return serve(context)
+
+    exits: list[int] = []
+    supervisor = Supervisor(
+        flaky, workers=1, restart_backoff=FAST, on_worker_exit=lambda pid, code: exits.append(code)
+    )
+
+    async def main() -> None:
+        task = asyncio.get_running_loop().create_task(supervisor.run())
+        await until(lambda: len(started(path)) == 1)
+        assert supervisor.statistics().restarts == 1
+        pid = int(started(path)[0].split()[2])
+        os.kill(pid, signal.SIGKILL)  # a crash while serving
+        await until(lambda: len(started(path)) == 2)
+        assert supervisor.statistics().restarts == 2
+        supervisor.stop()
+        await asyncio.wait_for(task, 10)
+
+    run_async(main(), 20)
+    assert exits == [3, -signal.SIGKILL, 0]
+
+
+def test_workers_that_ignore_sigterm_are_killed_after_the_deadline(tmp_path: Path) -> None:
+    path = tmp_path / "report"
+    exits: list[int] = []
+    supervisor = Supervisor(
+        serving_worker(path, ignore_term=True),
+        workers=1,
+        stop_timeout_s=0.3,
+        on_worker_exit=lambda pid, code: exits.append(code),
+    )
+
+    async def main() -> float:
+        task = asyncio.get_running_loop().create_task(supervisor.run())
+        await until(lambda: len(started(path)) == 1)
+        began = time.monotonic()
+        supervisor.stop()
+        supervisor.stop()  # idempotent
+        await asyncio.wait_for(task, 10)
+        return time.monotonic() - began
+
+    took = run_async(main(), 20)
+    assert exits == [-signal.SIGKILL]
+    assert 0.25 < took < 5.0
+
+
+def test_parent_descriptors_are_closed_in_workers(tmp_path: Path) -> None:
+    path = tmp_path / "report"
+    read_fd, write_fd = os.pipe()
+    try:
+        supervisor = Supervisor(
+            serving_worker(path, parent_fd=(read_fd, os.fstat(read_fd).st_ino)),
+            workers=1,
+            parent_fds=lambda: [read_fd],
+        )
+
+        async def main() -> None:
+            task = asyncio.get_running_loop().create_task(supervisor.run())
+            await until(lambda: len(started(path)) == 1)
+            supervisor.stop()
+            await asyncio.wait_for(task, 10)
+
+        run_async(main(), 20)
+        assert "parent fd closed" in lines(path)
+        os.fstat(read_fd)  # still open here
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def test_listen_control_reports_messages_and_parent_gone() -> None:
+    async def main() -> tuple[list[object], int]:
+        read_fd, write_fd = os.pipe()
+        messages: list[object] = []
+        gone = asyncio.Event()
+        transport = await listen_control(
+            WorkerContext(0, read_fd, os.getpid()), messages.append, gone.set
+        )
+        os.write(write_fd, b'{"op": "a"}\nnot json\n{"op":')
+        os.write(write_fd, b' "b"}\n')
+        os.close(write_fd)
+        await asyncio.wait_for(gone.wait(), 5)
+        transport.close()
+        return messages, len(messages)
+
+    messages, _ = run_async(main(), 10)
+    assert messages == [{"op": "a"}, {"op": "b"}]
+
+
+@pytest.mark.parametrize("workers", [1])
+def test_stop_before_start_returns(workers: int) -> None:
+    supervisor = Supervisor(lambda context: 0, workers=workers)
+
+    async def main() -> None:
+        supervisor.stop()
+        await asyncio.wait_for(supervisor.run(), 5)
+
+    run_async(main(), 10)
+    assert supervisor.statistics().running == 0

@@ -1,0 +1,97 @@
+"""The admin HTTP listener both daemons run in their parent process (aiohttp).
+
+Built in:
+
+- ``GET /healthz``: 200 when the daemon says it is healthy, else 503; the body
+  is the JSON detail the daemon's ``health`` callable returns, so a load
+  balancer reads the status and a person reads why.
+- ``GET /metrics``: the Prometheus text format (:func:`tunnel.runtime.metrics.exposition`:
+  every worker's metrics merged in multiprocess mode).
+
+A daemon adds its own routes (the origin's backend drain) with ``routes``.
+There is no authentication: bind it to loopback or a management network.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from tunnel.aio.transport import parse_host_port
+from tunnel.runtime.metrics import exposition
+
+__all__ = ["AdminServer", "HealthReport"]
+
+log = logging.getLogger("geoedge.admin")
+
+#: ``health()`` returns (healthy, detail); the detail becomes the JSON body.
+HealthReport = tuple[bool, dict[str, Any]]
+
+
+class AdminServer:
+    """``await start()`` binds ``address``; ``await close()`` stops. ``port`` is the
+    bound port (useful with port 0)."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        health: Callable[[], HealthReport],
+        registries: Sequence[CollectorRegistry] = (),
+        routes: Sequence[web.AbstractRouteDef] = (),
+    ) -> None:
+        self.address = address
+        self._health = health
+        self._registries = tuple(registries)
+        self._app = web.Application()
+        self._app.add_routes(
+            [web.get("/healthz", self._healthz), web.get("/metrics", self._metrics), *routes]
+        )
+        self._runner: web.AppRunner | None = None
+        self._sock: socket.socket | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        host, port = parse_host_port(self.address)
+        # Our own socket rather than TCPSite: the bound port (port 0 in tests) and the
+        # descriptor (which forked workers close) are then ours to read.
+        self._sock = socket.create_server(
+            (host, port), family=_family(host), reuse_port=False, backlog=128
+        )
+        self._sock.setblocking(False)
+        self.port = self._sock.getsockname()[1]
+        self._runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await web.SockSite(self._runner, self._sock).start()
+        log.info("admin listening on %s:%d", host, self.port)
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def fileno(self) -> int | None:
+        """The listening socket's descriptor (a forked worker closes its copy)."""
+        return self._sock.fileno() if self._sock is not None else None
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        healthy, detail = self._health()
+        return web.json_response({"healthy": healthy, **detail}, status=200 if healthy else 503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body, content_type = exposition(self._registries)
+        response = web.Response(body=body)
+        response.headers["Content-Type"] = content_type
+        return response
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -1,0 +1,155 @@
+"""Prometheus metrics for both daemons, across worker processes.
+
+Each daemon declares its metrics on a :class:`MetricSet` (one namespace, one
+registry) and the admin listener exposes them with :func:`exposition`.
+
+Worker processes (:mod:`tunnel.runtime.workers`) each count for themselves;
+prometheus_client's *multiprocess mode* adds them up at scrape time: every
+process writes its values to memory-mapped files in ``PROMETHEUS_MULTIPROC_DIR``
+and the admin's ``MultiProcessCollector`` merges the files. The parent calls
+:func:`enable_multiprocess` before it declares a metric or forks a worker: it
+makes a fresh directory (stale files from a previous run would be merged in),
+sets the variable and switches prometheus_client's value class, which the
+library otherwise picks once, at import. :func:`process_exited` drops a dead
+worker's live gauges; its counters stay, as counters must.
+
+Gauges say how processes combine (``mode``): ``livesum`` for "streams open"
+(the sum over live workers), ``livemax`` for a value every worker measures on
+its own (an edge's RTT), ``max`` for a value one process owns.
+
+Hot paths should not touch metric objects per chunk: in multiprocess mode an
+``inc`` takes a lock, checks the pid and writes the mmap (~1-2 us). Count in
+plain attributes and add to a counter once per stream, and keep the labelled
+child (``counter.labels(...)``) instead of looking it up per event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+    values,
+)
+
+__all__ = [
+    "ENV_VAR",
+    "MetricSet",
+    "cleanup_multiprocess",
+    "enable_multiprocess",
+    "exposition",
+    "multiprocess_enabled",
+    "process_exited",
+]
+
+ENV_VAR = "PROMETHEUS_MULTIPROC_DIR"
+
+GaugeMode = Literal["livesum", "liveall", "livemax", "livemin", "max", "min", "sum", "all"]
+
+
+def enable_multiprocess(directory: str | os.PathLike[str] | None = None) -> Path:
+    """Switch this process (and the workers it forks) to multiprocess mode.
+
+    With no ``directory``, a fresh temporary one; a given one is emptied of
+    ``*.db`` files first. Call before declaring metrics. Returns the directory.
+    """
+    if directory is None:
+        path = Path(tempfile.mkdtemp(prefix="geoedge-metrics-"))
+    else:
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        for stale in path.glob("*.db"):
+            stale.unlink()
+    os.environ[ENV_VAR] = str(path)
+    values.ValueClass = values.MultiProcessValue()
+    return path
+
+
+def multiprocess_enabled() -> bool:
+    return ENV_VAR in os.environ and values.ValueClass is not values.MutexValue
+
+
+def process_exited(pid: int) -> None:
+    """Forget a dead worker's live gauges (call from the parent after reaping it)."""
+    if multiprocess_enabled():
+        multiprocess.mark_process_dead(pid)
+
+
+def cleanup_multiprocess(directory: str | os.PathLike[str]) -> None:
+    """Remove the directory made by :func:`enable_multiprocess` (at parent exit)."""
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(directory)
+
+
+def exposition(registries: Sequence[CollectorRegistry] = ()) -> tuple[bytes, str]:
+    """The text format and its content type: every process's metrics merged in
+    multiprocess mode, else the given registries'."""
+    if multiprocess_enabled():
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged)
+        return generate_latest(merged), CONTENT_TYPE_LATEST
+    return b"".join(generate_latest(r) for r in registries), CONTENT_TYPE_LATEST
+
+
+class MetricSet:
+    """Declares metrics named ``<namespace>_<name>`` in one registry.
+
+    Each set has its own registry unless given one, so two sets of one
+    daemon in a process (tests run several) never clash over names.
+    """
+
+    def __init__(self, namespace: str, registry: CollectorRegistry | None = None) -> None:
+        self.namespace = namespace
+        self.registry = registry if registry is not None else CollectorRegistry()
+
+    def counter(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
+        """``name`` without ``_total``; the exposition adds it."""
+        return Counter(
+            name, documentation, labels, namespace=self.namespace, registry=self.registry
+        )
+
+    def gauge(
+        self,
+        name: str,
+        documentation: str,
+        labels: Sequence[str] = (),
+        *,
+        mode: GaugeMode = "livesum",
+    ) -> Gauge:
+        return Gauge(
+            name,
+            documentation,
+            labels,
+            namespace=self.namespace,
+            registry=self.registry,
+            multiprocess_mode=mode,
+        )
+
+    def histogram(
+        self,
+        name: str,
+        documentation: str,
+        labels: Sequence[str] = (),
+        *,
+        buckets: Sequence[float] = Histogram.DEFAULT_BUCKETS,
+    ) -> Histogram:
+        return Histogram(
+            name,
+            documentation,
+            labels,
+            namespace=self.namespace,
+            registry=self.registry,
+            buckets=buckets,
+        )
