@@ -15,7 +15,7 @@ STAMPS := $(VENV)/.stamps
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy) and the WAN emulator (iptables, libnetfilter-queue).
-APT_PACKAGES := haproxy iptables iproute2 libnetfilter-queue-dev gcc python3-dev
+APT_PACKAGES := haproxy wrk iptables iproute2 libnetfilter-queue-dev gcc python3-dev
 
 $(STAMPS)/apt-base:
 	@mkdir -p $(STAMPS)

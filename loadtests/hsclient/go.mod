@@ -1,0 +1,3 @@
+module geoedge/loadtests/hsclient
+
+go 1.19

@@ -1,0 +1,77 @@
+"""``make bench-edge`` in ``--quick`` mode: the whole harness runs (edge, origin,
+HAProxy, Node.js, the handshake client, wrk, 200 WebSockets) and writes sane
+figures. It checks the harness, not the targets: those are for the full run on a
+quiet machine."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import scaled
+from tests.edge_env import ROOT, node_available
+
+HAPROXY = "/usr/sbin/haproxy"
+
+pytestmark = [
+    pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed"),
+    pytest.mark.skipif(not os.access(HAPROXY, os.X_OK), reason="haproxy is not installed"),
+    pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed"),
+    pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs (servers, client)"),
+    pytest.mark.timeout(scaled(240)),
+]
+
+POSITIVE = (
+    "handshakes_per_s",
+    "haproxy_handshakes_per_s",
+    "handshakes_ratio",
+    "keepalive_rps",
+    "haproxy_keepalive_rps",
+    "keepalive_ratio",
+    "ws_rss_kib_per_conn",
+)
+
+
+def test_quick_run_writes_every_figure(tmp_path: Path) -> None:
+    output = tmp_path / "edge.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "loadtests.bench_edge", "--quick", "--output", str(output)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=scaled(200),  # about 20 s, plus a first build of the Go client
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(output.read_text())
+
+    for key in POSITIVE:
+        assert isinstance(result[key], float | int) and result[key] > 0, (key, result[key])
+    # Latency differences may be negative by noise, but must be real numbers.
+    assert math.isfinite(result["added_latency_p50_ms"])
+    assert result["details"]["latency"]["geoedge"]["p50_ms"] > 0
+    assert result["handshakes_ratio"] == pytest.approx(
+        result["handshakes_per_s"] / result["haproxy_handshakes_per_s"], rel=1e-2
+    )
+    assert result["keepalive_ratio"] == pytest.approx(
+        result["keepalive_rps"] / result["haproxy_keepalive_rps"], rel=1e-2
+    )
+    assert set(result["passed"]) == {
+        "handshakes_ratio",
+        "keepalive_ratio",
+        "added_latency_p50_ms",
+        "ws_rss_kib_per_conn",
+    }
+    for chain in ("geoedge", "haproxy"):
+        assert result["details"]["websockets"][chain]["held"] == 200, result["details"]
+        for phase in ("handshakes", "keepalive"):
+            for run in result["details"][phase]["runs"][chain]:
+                assert run["errors"] == 0, (phase, chain, run)
+    assert "full handshakes/s" in done.stdout  # the table was printed
