@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import socket
@@ -53,6 +54,7 @@ async def run_worker(
 
     worker = EdgeWorker(config, certificates, sockets)
     await worker.start()
+    tune_gc()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -60,6 +62,16 @@ async def run_worker(
     loop.add_signal_handler(signal.SIGHUP, worker.reload_certificates)
     await stop.wait()
     await worker.drain()
+
+
+def tune_gc() -> None:
+    """Freeze what start-up allocated (configs, contexts, modules) so the
+    collector stops re-scanning it, and collect the young generation less
+    often: per-request objects are freed by reference counting, cycles are
+    rare. GC was ~3% of a keep-alive request in ``make bench-edge``."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
 
 
 def edge_health() -> HealthReport:

@@ -53,6 +53,7 @@ class EdgeWorker:
         self._id_prefix = os.urandom(4).hex()
         self._id_counter = itertools.count(1)
         self.access_log = _open_access_log(config)
+        self.tally = metrics.Tally()
         self._stream_origin: dict[int, str] = {}
 
     # -- life cycle -----------------------------------------------------------------
@@ -123,6 +124,7 @@ class EdgeWorker:
         for connection in list(self.connections):
             connection.close_idle("drain timeout")
         await self.origins.close(drain_timeout_s=1.0)
+        self.tally.publish()
         if self.access_log is not None:
             self.access_log.close()
 
@@ -136,6 +138,7 @@ class EdgeWorker:
         http = self.config.http
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
+            self.tally.publish()
             now = time.monotonic()
             for connection in list(self.connections):
                 idle_for = now - connection.last_activity
@@ -149,6 +152,7 @@ class EdgeWorker:
             self._export_tunnel_metrics()
 
     def _export_tunnel_metrics(self) -> None:
+        metrics.CONNECTIONS_OPEN.set(len(self.connections))
         for stats in self.origins.statistics():
             metrics.TUNNELS_UP.labels(stats.name).set(stats.usable)
             metrics.STREAMS_OPEN.labels(stats.name).set(stats.open_streams)
@@ -170,38 +174,37 @@ class EdgeWorker:
 
     def connection_opened(self, connection: ClientConnection) -> None:
         self.connections.add(connection)
-        metrics.CONNECTIONS_OPEN.inc()
-        transport = connection.transport
-        ssl_object = transport.get_extra_info("ssl_object") if transport else None
-        metrics.CONNECTIONS.labels("https" if ssl_object else "http").inc()
-        if ssl_object is not None:
-            metrics.HANDSHAKES.labels(
-                ssl_object.version() or "?", "yes" if ssl_object.session_reused else "no"
-            ).inc()
+        tally = self.tally
+        metadata = connection.metadata
+        if metadata is not None and metadata.tls_version is not None:
+            tally.add(metrics.CONNECTIONS, "https")
+            resumed = "yes" if metadata.tls_resumed else "no"
+            tally.add(metrics.HANDSHAKES, (metadata.tls_version, resumed))
+        else:
+            tally.add(metrics.CONNECTIONS, "http")
 
     def connection_closed(self, connection: ClientConnection) -> None:
-        if connection in self.connections:
-            self.connections.discard(connection)
-            metrics.CONNECTIONS_OPEN.dec()
+        self.connections.discard(connection)
 
     def count_error(self, reason: str) -> None:
-        metrics.ERRORS.labels(reason).inc()
+        self.tally.add(metrics.ERRORS, reason)
 
     def log_rejected(self, connection: ClientConnection, status: int) -> None:
-        metrics.REQUESTS.labels(str(status)).inc()
+        self.tally.add(metrics.REQUESTS, str(status))
 
     def log_request(
         self, connection: ClientConnection, request: PendingRequest, status_source: str = ""
     ) -> None:
         now = time.monotonic()
         status = request.status or (499 if status_source == "aborted" else 0)
-        metrics.REQUESTS.labels(str(status)).inc()
-        metrics.BYTES.labels("in").inc(request.bytes_in)
-        metrics.BYTES.labels("out").inc(request.bytes_out)
+        tally = self.tally
+        tally.add(metrics.REQUESTS, str(status))
+        tally.add(metrics.BYTES, "in", request.bytes_in)
+        tally.add(metrics.BYTES, "out", request.bytes_out)
         upstream_ms = None
         if request.first_byte:
             upstream = request.first_byte - request.started
-            metrics.UPSTREAM_SECONDS.observe(upstream)
+            tally.observe(upstream)
             upstream_ms = round(upstream * 1000, 3)
         if self.access_log is None:
             return

@@ -171,10 +171,15 @@ def test_origin_down_gives_502_then_recovers(stack: Stack) -> None:
 
 def test_metrics_count_handshakes_and_requests(stack: Stack) -> None:
     stack.get("/")
-    text = stack.metrics()
+    deadline = time.monotonic() + 5  # workers publish their counts every second
+    text = ""
+    while time.monotonic() < deadline and 'geoedge_edge_requests_total{status="200"}' not in text:
+        time.sleep(0.2)
+        text = stack.metrics()
     assert "geoedge_edge_tls_handshakes_total" in text
     assert 'geoedge_edge_requests_total{status="200"}' in text
     assert "geoedge_edge_tunnel_rtt_seconds" in text
+    assert "geoedge_edge_upstream_seconds_bucket" in text
 
 
 def test_node_keepalive_timeout_does_not_cost_the_client_a_handshake(stack: Stack) -> None:

@@ -42,12 +42,15 @@ def test_sessions_resume_across_workers_and_are_counted(test_pki: PkiFiles, tmp_
         ]
         workers = {entry["worker"] for entry in access if entry["path"].startswith("/?i=")}
         assert len(workers) == 2, f"all connections went to one worker: {workers}"
-        metrics = stack.metrics()
-        counted = sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in metrics.splitlines()
-            if line.startswith("geoedge_edge_tls_handshakes_total") and 'resumed="yes"' in line
-        )
+        counted = 0.0
+        deadline = time.monotonic() + 5  # workers publish their counts every second
+        while counted < 39 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            counted = sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in stack.metrics().splitlines()
+                if line.startswith("geoedge_edge_tls_handshakes_total") and 'resumed="yes"' in line
+            )
         assert counted >= 39
 
 
