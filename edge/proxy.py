@@ -145,6 +145,7 @@ class ClientConnection(asyncio.Protocol):
         self._closing = False
         self._reject_after: bytes | None = None
         self._client_eof = False
+        self._batch: list[bytes] | None = None
 
     # -- client side ------------------------------------------------------------
 
@@ -313,8 +314,16 @@ class ClientConnection(asyncio.Protocol):
             return
         self.last_activity = time.monotonic()
         upstream.responded = True
-        for event in upstream.reader.feed(data):
-            self._on_response_event(upstream, event)
+        # Everything one upstream read produces (a response head and its body,
+        # several pipelined responses) goes to the client in one write: one TLS
+        # record and one send instead of one per event (the client's transport
+        # write was 23% of a keep-alive request before).
+        self._batch = []
+        try:
+            for event in upstream.reader.feed(data):
+                self._on_response_event(upstream, event)
+        finally:
+            self._flush_batch()
         self._update_state()
 
     def _on_response_event(self, upstream: Upstream, event: object) -> None:
@@ -464,8 +473,15 @@ class ClientConnection(asyncio.Protocol):
             self.state = _IDLE
 
     def _write(self, data: bytes) -> None:
-        if self.transport is not None and not self._closing:
+        if self._batch is not None:
+            self._batch.append(data)
+        elif self.transport is not None and not self._closing:
             self.transport.write(data)
+
+    def _flush_batch(self) -> None:
+        batch, self._batch = self._batch, None
+        if batch and self.transport is not None and not self._closing:
+            self.transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
 
     def _abort_client(self, reason: str) -> None:
         log.info("closing %s: %s", _peer_text(self.metadata), reason)
@@ -479,6 +495,7 @@ class ClientConnection(asyncio.Protocol):
     def _close(self) -> None:
         if self._closing:
             return
+        self._flush_batch()
         self._closing = True
         upstream, self.upstream = self.upstream, None
         if upstream is not None and upstream.stream is not None:
