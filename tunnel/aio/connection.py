@@ -106,6 +106,42 @@ def tune_socket(sock: socket.socket | None) -> None:
         log.debug("socket tuning failed: %s", exc)
 
 
+#: Pieces shorter than this are joined before writing (see :func:`coalesce`).
+COALESCE_BYTES = 16 * 1024
+
+
+def coalesce(chunks: list[bytes | memoryview]) -> list[bytes | memoryview]:
+    """Join runs of small pieces (frame headers, control frames, small
+    payloads) into one buffer each; large payloads pass through uncopied.
+
+    Why: uvloop's TLS transport encrypts every ``writelines`` item as its own
+    TLS record. Unjoined, each small frame cost two or three records (one for
+    its 10-octet header) and as many decrypt calls at the peer: TLS record
+    handling was a quarter of both ends' CPU in the stream-open benchmark.
+    """
+    if len(chunks) == 1:
+        return chunks
+    result: list[bytes | memoryview] = []
+    run: list[bytes | memoryview] = []
+    run_bytes = 0
+    for chunk in chunks:
+        size = len(chunk)
+        if size >= COALESCE_BYTES:
+            if run:
+                result.append(b"".join(run))
+                run, run_bytes = [], 0
+            result.append(chunk)
+            continue
+        run.append(chunk)
+        run_bytes += size
+        if run_bytes >= COALESCE_BYTES:
+            result.append(b"".join(run))
+            run, run_bytes = [], 0
+    if run:
+        result.append(run[0] if len(run) == 1 else b"".join(run))
+    return result
+
+
 class TunnelConnection(asyncio.Protocol):
     """One tunnel connection. ``on_stream`` is called for each stream the peer
     opens and returns the protocol that will handle it (or None to refuse)."""
@@ -363,7 +399,7 @@ class TunnelConnection(asyncio.Protocol):
         budget = 0 if self._write_paused else FLUSH_DATA_BYTES
         out = session.data_to_send(budget)
         if out:
-            transport.writelines(out)
+            transport.writelines(coalesce(out))
         if self._write_watch:
             self._write_watch = {s for s in self._write_watch if not s._on_writable()}
         if self._write_paused:
