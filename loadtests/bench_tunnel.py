@@ -260,8 +260,9 @@ async def client(port: int, pki_dir: Path, args: argparse.Namespace) -> dict[str
 def make_pki(directory: Path) -> None:
     pki.create_ca(directory / "ca")
     ca = pki.load_ca(directory / "ca")
-    pki.issue_peer_cert(ca, directory, "origin", "bench-origin", role="origin",
-                        dns_names=["localhost"])
+    pki.issue_peer_cert(
+        ca, directory, "origin", "bench-origin", role="origin", dns_names=["localhost"]
+    )
     pki.issue_peer_cert(ca, directory, "edge", "bench-edge", role="edge")
 
 
@@ -282,8 +283,15 @@ def main(argv: list[str] | None = None) -> int:
         make_pki(directory)
         port_file = directory / "port"
         server = subprocess.Popen(
-            [sys.executable, "-m", "loadtests.bench_tunnel", "--serve", str(port_file),
-             "--pki", str(directory)]
+            [
+                sys.executable,
+                "-m",
+                "loadtests.bench_tunnel",
+                "--serve",
+                str(port_file),
+                "--pki",
+                str(directory),
+            ]
         )
         try:
             deadline = time.monotonic() + 20
