@@ -81,7 +81,7 @@ class OriginSet:
         ]
 
     def open_stream(
-        self, metadata: StreamMetadata, factory: Callable[[], asyncio.BaseProtocol]
+        self, metadata: StreamMetadata | bytes, factory: Callable[[], asyncio.BaseProtocol]
     ) -> tuple[str, TunnelStream]:
         name = choose_origin(self.candidates(), self._rng)
         if name is None:

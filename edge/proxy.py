@@ -53,6 +53,7 @@ from edge.http1 import (
 from tunnel.aio.stream import StreamResetError, TunnelStream
 from tunnel.mux import ErrorCode, StreamMetadata
 from tunnel.mux.errors import MuxError
+from tunnel.mux.metadata import encode_request_fields
 
 if TYPE_CHECKING:
     from edge.config import RedirectListenerConfig
@@ -139,6 +140,7 @@ class ClientConnection(asyncio.Protocol):
         self.upstream: Upstream | None = None
         self.pending: deque[PendingRequest] = deque()
         self.metadata: StreamMetadata | None = None
+        self._encoded_metadata: bytes | None = None
         self.state = _IDLE
         self.last_activity = time.monotonic()
         self._client_paused = False
@@ -258,9 +260,9 @@ class ClientConnection(asyncio.Protocol):
 
     def _open_stream(self, host: str | None, request_id: str) -> bool:
         assert self.metadata is not None
-        metadata = self.metadata
-        if host != metadata.host or request_id != metadata.request_id:
-            metadata = _with(metadata, host=host, request_id=request_id)
+        if self._encoded_metadata is None:  # once per connection: addresses, TLS facts
+            self._encoded_metadata = self.metadata.encode()
+        metadata = self._encoded_metadata + encode_request_fields(host, request_id)
         upstream = Upstream(self, self.worker.http_limits)
         try:
             self.worker.open_stream(metadata, lambda: upstream)
@@ -540,12 +542,6 @@ def _metadata(
         edge_id=edge_id,
         tls_resumed=ssl_object.session_reused,
     )
-
-
-def _with(metadata: StreamMetadata, **changes: object) -> StreamMetadata:
-    from dataclasses import replace
-
-    return replace(metadata, **changes)  # type: ignore[arg-type]
 
 
 def _peer_text(metadata: StreamMetadata | None) -> str:

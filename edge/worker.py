@@ -98,6 +98,8 @@ class EdgeWorker:
 
     def _factory(self, listener: ListenerConfig) -> Callable[[], ClientConnection]:
         networks = listener.trusted_proxies
+        if not networks:  # nobody is trusted: skip the per-connection address check
+            return lambda: ClientConnection(self, trusted=False)
 
         def factory() -> ClientConnection:
             return _TrustCheckingConnection(self, networks)
@@ -165,7 +167,7 @@ class EdgeWorker:
         return f"{self._id_prefix}{next(self._id_counter):08x}"
 
     def open_stream(
-        self, metadata: StreamMetadata, factory: Callable[[], asyncio.BaseProtocol]
+        self, metadata: StreamMetadata | bytes, factory: Callable[[], asyncio.BaseProtocol]
     ) -> TunnelStream:
         origin, stream = self.origins.open_stream(metadata, factory)
         protocol = stream.get_protocol()

@@ -561,3 +561,20 @@ def test_every_section_the_code_cites_exists_in_the_spec() -> None:
     assert cited, "no citations found"
     missing = {s: sorted(files) for s, files in cited.items() if s not in sections}
     assert missing == {}
+
+
+def test_request_fields_appended_to_a_connections_encoding_decode_as_one() -> None:
+    from tunnel.mux.metadata import encode_request_fields
+
+    base = StreamMetadata(
+        client_address=("2001:db8::7", 443), server_name="shop.test", edge_id="tokyo-1"
+    )
+    wire = base.encode() + encode_request_fields("shop.test:443", "r-1")
+    decoded = StreamMetadata.decode(wire)
+    assert decoded.client_address == ("2001:db8::7", 443)
+    assert (decoded.host, decoded.request_id, decoded.edge_id) == (
+        "shop.test:443",
+        "r-1",
+        "tokyo-1",
+    )
+    assert encode_request_fields(None, None) == b""

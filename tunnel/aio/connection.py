@@ -251,16 +251,21 @@ class TunnelConnection(asyncio.Protocol):
 
     def open_stream(
         self,
-        metadata: StreamMetadata,
+        metadata: StreamMetadata | bytes,
         protocol_factory: Callable[[], asyncio.BaseProtocol],
         *,
         end_stream: bool = False,
     ) -> TunnelStream:
-        """Open a stream (0-RTT: write to it at once). Raises
+        """Open a stream (0-RTT: write to it at once). ``metadata`` may come
+        already encoded (bytes); the stream's ``metadata`` is then None. Raises
         :class:`~tunnel.mux.errors.MuxError` subclasses when it cannot."""
         stream_id = self.session.open_stream(metadata, end_stream=end_stream)
         stream = TunnelStream(
-            self, stream_id, metadata, high_water=STREAM_HIGH_WATER, low_water=STREAM_LOW_WATER
+            self,
+            stream_id,
+            metadata if isinstance(metadata, StreamMetadata) else None,
+            high_water=STREAM_HIGH_WATER,
+            low_water=STREAM_LOW_WATER,
         )
         self._streams[stream_id] = stream
         protocol = protocol_factory()

@@ -138,7 +138,9 @@ class TunnelPool:
         return min(samples) if samples else None
 
     def open_stream(
-        self, metadata: StreamMetadata, protocol_factory: Callable[[], asyncio.BaseProtocol]
+        self,
+        metadata: StreamMetadata | bytes,
+        protocol_factory: Callable[[], asyncio.BaseProtocol],
     ) -> TunnelStream:
         connection = self.choose()
         if connection is None:

@@ -121,6 +121,19 @@ class StreamMetadata:
         return cls(**values, extra=extra)  # type: ignore[arg-type]
 
 
+def encode_request_fields(host: str | None, request_id: str | None) -> bytes:
+    """TLV items of the per-request fields (Host, request id), to append to a
+    connection's metadata encoded once (:meth:`StreamMetadata.encode`): a client
+    connection may open several streams, and re-encoding its addresses and TLS
+    facts for each was measurable per connection at the edge."""
+    out = bytearray()
+    if host is not None:
+        _put(out, MetaKey.HOST, host.encode("utf-8"))
+    if request_id is not None:
+        _put(out, MetaKey.REQUEST_ID, request_id.encode("utf-8"))
+    return bytes(out)
+
+
 def _put(out: bytearray, key: int, value: bytes) -> None:
     if len(value) > 0xFFFF:
         raise MetadataError(f"metadata item {key:#x} longer than 65535 octets")
