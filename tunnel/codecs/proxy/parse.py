@@ -1,213 +1,39 @@
-"""PROXY protocol v1 and v2, sans-I/O (HAProxy's ``doc/proxy-protocol.txt``, "the spec").
-
-The edge reads PROXY from a trusted load balancer (an AWS NLB sends v2 with TLV 0xEA, the VPC
-endpoint id) to learn the real client address before TLS starts; the origin balancer writes it
-to Node.js backends. Both use this one module: bytes in, :class:`ProxyHeader` out, and back.
-
-Receiving: feed the first bytes of a connection to :class:`ProxyHeaderParser` until it returns a
-header, then carry on with :attr:`ProxyHeaderParser.remainder` as TLS/HTTP. Only
-:class:`ProxyProtocolError` ever leaves the parser, with a :class:`ProxyErrorReason` for logs and
-metrics. The parser rejects as early as the bytes allow (spec §2.1: "abort the connection as soon
-as possible"): a byte that fits neither signature fails at once, as does a v1 line that no valid
-line can start with, or a v2 version/command/family byte that is wrong. It never holds more than
-``max(107, max_v2_bytes)`` octets before deciding.
-
-Strictness, per the spec: v1 is one line of at most 107 octets ending in CRLF (no lone CR/LF),
-single spaces, ``TCP4``/``TCP6``/``UNKNOWN``, IPv4 as four decimal numbers without leading zeros,
-ports as 1-5 ASCII digits without leading zeros, all parsed by hand: ``int()`` would take ``+5``,
-``1_0`` or Arabic-Indic digits. v2: signature, version 2, command LOCAL/PROXY, a known
-family/transport byte, an address block that fits the declared length, TLVs that fit it exactly,
-and a PP2_TYPE_CRC32C, when present, that matches.
-
-Choices the spec leaves open:
-
-- v1 ``UNKNOWN`` parses as command LOCAL, family UNSPEC: either way the receiver uses the real
-  connection endpoints.
-- LOCAL (and PROXY with family UNSPEC) yield no addresses (spec §2.2: "discard the protocol
-  block"), but the TLVs after the block are still walked and a CRC32C still checked.
-- TLV text (AUTHORITY, SSL strings, the AWS VPCE id) is decoded on access with
-  ``errors="replace"``; the exact bytes stay in :attr:`ProxyHeader.tlvs`.
-- Encoding an IPv4 and an IPv6 endpoint sends TCP6 with the IPv4 one mapped (``::ffff:a.b.c.d``);
-  two IPv4 or IPv4-mapped endpoints (a dual-stack listener) send TCP4, so the backend sees
-  ``203.0.113.7``, not ``::ffff:203.0.113.7``.
-- AF_UNIX addresses are reported as ``(path, 0)``; encoding them is not supported (no user).
-- CRC32C comes from ``google-crc32c`` (Google's C library, Apache-2.0, kept by googleapis, with
-  its own fallback) rather than a table in Python: well kept and ~100x faster.
-"""
+"""Receiving PROXY headers: the incremental parser (see :mod:`tunnel.codecs.proxy`)."""
 
 from __future__ import annotations
 
-import enum
 import ipaddress
-import struct
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 import google_crc32c
 
-V1_SIGNATURE = b"PROXY "
-V2_SIGNATURE = b"\r\n\r\n\x00\r\nQUIT\n"
-#: Spec §2.1: the worst case, "PROXY UNKNOWN <ipv6> <ipv6> 65535 65535\r\n".
-V1_MAX_LINE_BYTES = 107
-V2_HEADER_BYTES = 16
-V2_MAX_BYTES_LIMIT = V2_HEADER_BYTES + 0xFFFF
-#: Spec §2.2.5.
-MAX_UNIQUE_ID_BYTES = 128
-#: AWS NLB: TLV 0xEA whose first value byte is this subtype carries the VPC endpoint id.
-AWS_SUBTYPE_VPCE_ID = 0x01
-
-_V2_FIXED = struct.Struct("!BBH")  # ver_cmd, fam, len: at offset 12, after the signature
-_INET_ADDRESSES = struct.Struct("!4s4sHH")
-_INET6_ADDRESSES = struct.Struct("!16s16sHH")
-_UNIX_ADDRESSES = struct.Struct("!108s108s")
-_TLV_HEAD = struct.Struct("!BH")
-_SSL_HEAD = struct.Struct("!BI")
-_CRC32C = struct.Struct("!I")
-_HEXTETS = struct.Struct("!8H")
-_V4_MAPPED_PREFIX = b"\x00" * 10 + b"\xff\xff"
-
-
-class ProxyCommand(enum.IntEnum):
-    LOCAL = 0x0
-    PROXY = 0x1
-
-
-class ProxyFamily(enum.IntEnum):
-    UNSPEC = 0x0
-    INET = 0x1
-    INET6 = 0x2
-    UNIX = 0x3
-
-
-class ProxyTransport(enum.IntEnum):
-    UNSPEC = 0x0
-    STREAM = 0x1
-    DGRAM = 0x2
-
-
-class TlvType(enum.IntEnum):
-    """Spec §2.2, plus the AWS type in the custom range (0xE0-0xEF)."""
-
-    ALPN = 0x01
-    AUTHORITY = 0x02
-    CRC32C = 0x03
-    NOOP = 0x04
-    UNIQUE_ID = 0x05
-    SSL = 0x20
-    NETNS = 0x30
-    AWS = 0xEA
-
-
-class SslSubtype(enum.IntEnum):
-    """Sub-TLVs of PP2_TYPE_SSL (spec §2.2.6)."""
-
-    VERSION = 0x21
-    CN = 0x22
-    CIPHER = 0x23
-    SIG_ALG = 0x24
-    KEY_ALG = 0x25
-
-
-class SslClient(enum.IntFlag):
-    SSL = 0x01
-    CERT_CONN = 0x02
-    CERT_SESS = 0x04
-
-
-class ProxyErrorReason(enum.StrEnum):
-    """Why a header was refused; the value is a stable label for logs and metrics."""
-
-    NOT_PROXY = "not_proxy"
-    VERSION_DISABLED = "version_disabled"
-    V1_TOO_LONG = "v1_too_long"
-    V1_BAD_LINE_ENDING = "v1_bad_line_ending"
-    V1_BAD_PROTOCOL = "v1_bad_protocol"
-    V1_BAD_CHARACTER = "v1_bad_character"
-    V1_BAD_FIELDS = "v1_bad_fields"
-    V1_BAD_ADDRESS = "v1_bad_address"
-    V1_BAD_PORT = "v1_bad_port"
-    V2_BAD_VERSION = "v2_bad_version"
-    V2_BAD_COMMAND = "v2_bad_command"
-    V2_BAD_FAMILY = "v2_bad_family"
-    V2_BAD_ADDRESS_LENGTH = "v2_bad_address_length"
-    V2_TOO_LONG = "v2_too_long"
-    V2_BAD_TLV = "v2_bad_tlv"
-    V2_BAD_CRC32C = "v2_bad_crc32c"
-
-
-class ProxyProtocolError(Exception):
-    """The peer sent something that is not a valid PROXY header: close the connection."""
-
-    def __init__(self, reason: ProxyErrorReason, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class SslInfo:
-    """PP2_TYPE_SSL decoded (spec §2.2.6). ``verify == 0`` means a client certificate verified."""
-
-    client: SslClient
-    verify: int
-    version: str | None = None
-    cipher: str | None = None
-    common_name: str | None = None
-    sig_alg: str | None = None
-    key_alg: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ProxyHeader:
-    """One parsed header. ``source``/``destination`` are None when the receiver must use the
-    real connection endpoints (LOCAL, v1 UNKNOWN, family UNSPEC)."""
-
-    version: int
-    command: ProxyCommand
-    family: ProxyFamily
-    protocol: ProxyTransport
-    source: tuple[str, int] | None
-    destination: tuple[str, int] | None
-    tlvs: tuple[tuple[int, bytes], ...] = ()
-
-    def tlv(self, kind: int) -> bytes | None:
-        """The value of the first TLV of this type, if any."""
-        for tlv_type, value in self.tlvs:
-            if tlv_type == kind:
-                return value
-        return None
-
-    @property
-    def alpn(self) -> bytes | None:
-        return self.tlv(TlvType.ALPN)
-
-    @property
-    def authority(self) -> str | None:
-        """The client's SNI (or other authority), UTF-8 on the wire."""
-        value = self.tlv(TlvType.AUTHORITY)
-        return None if value is None else value.decode("utf-8", "replace")
-
-    @property
-    def unique_id(self) -> bytes | None:
-        return self.tlv(TlvType.UNIQUE_ID)
-
-    @property
-    def netns(self) -> str | None:
-        value = self.tlv(TlvType.NETNS)
-        return None if value is None else value.decode("ascii", "replace")
-
-    @property
-    def ssl(self) -> SslInfo | None:
-        value = self.tlv(TlvType.SSL)
-        return None if value is None else decode_ssl_tlv(value)
-
-    @property
-    def aws_vpce_id(self) -> str | None:
-        """The VPC endpoint id an AWS NLB puts in TLV 0xEA, subtype 0x01."""
-        for tlv_type, value in self.tlvs:
-            if tlv_type == TlvType.AWS and value[:1] == b"\x01":
-                return value[1:].decode("ascii", "replace")
-        return None
-
+from tunnel.codecs.proxy.header import (
+    _CRC32C,
+    _HEXTETS,
+    _INET6_ADDRESSES,
+    _INET_ADDRESSES,
+    _SSL_HEAD,
+    _TLV_HEAD,
+    _UNIX_ADDRESSES,
+    _V2_FIXED,
+    _V4_MAPPED_PREFIX,
+    MAX_UNIQUE_ID_BYTES,
+    V1_MAX_LINE_BYTES,
+    V1_SIGNATURE,
+    V2_HEADER_BYTES,
+    V2_MAX_BYTES_LIMIT,
+    V2_SIGNATURE,
+    ProxyCommand,
+    ProxyErrorReason,
+    ProxyFamily,
+    ProxyHeader,
+    ProxyProtocolError,
+    ProxyTransport,
+    SslClient,
+    SslInfo,
+    SslSubtype,
+    TlvType,
+)
 
 # --- receiving ---------------------------------------------------------------------------------
 
@@ -621,142 +447,3 @@ def decode_ssl_tlv(value: bytes) -> SslInfo:
         sig_alg=text.get(SslSubtype.SIG_ALG),
         key_alg=text.get(SslSubtype.KEY_ALG),
     )
-
-
-# --- sending -----------------------------------------------------------------------------------
-
-#: (host, port), or a 4-tuple (host, port, flowinfo, scope_id) as IPv6 sockets report it.
-Endpoint = tuple[str, int] | tuple[str, int, int, int]
-_IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-
-def encode_v1(source: Endpoint | None, destination: Endpoint | None) -> bytes:
-    """``PROXY TCP4 ...``/``TCP6 ...``, or ``PROXY UNKNOWN`` when both endpoints are None."""
-    pair = _endpoints(source, destination)
-    if pair is None:
-        return b"PROXY UNKNOWN\r\n"
-    family, src, dst, src_port, dst_port = pair
-    if family is ProxyFamily.INET:
-        protocol, src_text, dst_text = "TCP4", str(src), str(dst)
-    else:
-        protocol, src_text, dst_text = "TCP6", _ipv6_text(src.packed), _ipv6_text(dst.packed)
-    return f"PROXY {protocol} {src_text} {dst_text} {src_port} {dst_port}\r\n".encode("ascii")
-
-
-def encode_v2(
-    source: Endpoint | None,
-    destination: Endpoint | None,
-    *,
-    tlvs: Iterable[tuple[int, bytes]] = (),
-    command: ProxyCommand = ProxyCommand.PROXY,
-    transport: ProxyTransport = ProxyTransport.STREAM,
-    crc32c: bool = False,
-) -> bytes:
-    """A v2 header; family UNSPEC when both endpoints are None. ``crc32c`` appends a checksum
-    TLV (last, as the receiver zeroes it in place). Bad arguments raise :class:`ValueError`."""
-    command = ProxyCommand(command)
-    transport = ProxyTransport(transport)
-    pair = _endpoints(source, destination)
-    if pair is None:
-        family_byte, addresses = 0x00, b""
-    else:
-        if transport is ProxyTransport.UNSPEC:
-            raise ValueError("addresses need transport STREAM or DGRAM")
-        family, src, dst, src_port, dst_port = pair
-        layout = _INET_ADDRESSES if family is ProxyFamily.INET else _INET6_ADDRESSES
-        family_byte = family << 4 | transport
-        addresses = layout.pack(src.packed, dst.packed, src_port, dst_port)
-    body = addresses + _encode_tlvs(tlvs)
-    if crc32c:
-        body += _TLV_HEAD.pack(TlvType.CRC32C, 4) + b"\x00\x00\x00\x00"
-    if len(body) > 0xFFFF:
-        raise ValueError(f"v2 header body of {len(body)} octets > 65535")
-    header = V2_SIGNATURE + _V2_FIXED.pack(0x20 | command, family_byte, len(body)) + body
-    if crc32c:
-        header = header[:-4] + _CRC32C.pack(google_crc32c.value(header))
-    return header
-
-
-def encode_v2_local(*, tlvs: Iterable[tuple[int, bytes]] = (), crc32c: bool = False) -> bytes:
-    """LOCAL, family UNSPEC: "this connection is mine" (health checks)."""
-    return encode_v2(None, None, tlvs=tlvs, command=ProxyCommand.LOCAL, crc32c=crc32c)
-
-
-def encode_ssl_tlv(
-    *,
-    client: SslClient = SslClient.SSL,
-    verify: int = 0,
-    version: str | None = None,
-    cipher: str | None = None,
-    common_name: str | None = None,
-    sig_alg: str | None = None,
-    key_alg: str | None = None,
-) -> tuple[int, bytes]:
-    """A PP2_TYPE_SSL TLV for :func:`encode_v2`'s ``tlvs`` (spec §2.2.6)."""
-    subs = (
-        (SslSubtype.VERSION, version),
-        (SslSubtype.CIPHER, cipher),
-        (SslSubtype.CN, common_name),
-        (SslSubtype.SIG_ALG, sig_alg),
-        (SslSubtype.KEY_ALG, key_alg),
-    )
-    value = _SSL_HEAD.pack(SslClient(client), verify) + _encode_tlvs(
-        (kind, text.encode("utf-8")) for kind, text in subs if text is not None
-    )
-    return TlvType.SSL, value
-
-
-def _encode_tlvs(tlvs: Iterable[tuple[int, bytes]]) -> bytes:
-    parts = []
-    for kind, raw in tlvs:
-        value = bytes(raw)
-        if not 0 <= kind <= 0xFF or len(value) > 0xFFFF:
-            raise ValueError(f"TLV 0x{kind:x} of {len(value)} octets does not fit")
-        if kind == TlvType.CRC32C:
-            raise ValueError("pass crc32c=True instead of a CRC32C TLV")
-        try:
-            _check_tlv_value(kind, value)
-        except ProxyProtocolError as exc:
-            raise ValueError(str(exc)) from None
-        parts.append(_TLV_HEAD.pack(kind, len(value)) + value)
-    return b"".join(parts)
-
-
-def _endpoints(
-    source: Endpoint | None, destination: Endpoint | None
-) -> tuple[ProxyFamily, _IPAddress, _IPAddress, int, int] | None:
-    """Both endpoints in one family: IPv4 when both are (or map) IPv4, else IPv6."""
-    if source is None and destination is None:
-        return None
-    if source is None or destination is None:
-        raise ValueError("give both source and destination, or neither")
-    src, src_port = _endpoint(source, "source")
-    dst, dst_port = _endpoint(destination, "destination")
-    if src.version == 4 and dst.version == 4:
-        return ProxyFamily.INET, src, dst, src_port, dst_port
-    return ProxyFamily.INET6, _as_ipv6(src), _as_ipv6(dst), src_port, dst_port
-
-
-def _endpoint(endpoint: Endpoint, what: str) -> tuple[_IPAddress, int]:
-    if not isinstance(endpoint, tuple) or len(endpoint) not in (2, 4):
-        raise ValueError(f"{what} must be (host, port), got {endpoint!r}")
-    host, port = endpoint[0], endpoint[1]
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 0xFFFF:
-        raise ValueError(f"{what} port must be an int in 0..65535, got {port!r}")
-    if isinstance(host, ipaddress.IPv4Address | ipaddress.IPv6Address):
-        ip: _IPAddress = host
-    elif isinstance(host, str):
-        try:
-            ip = ipaddress.ip_address(host)
-        except ValueError:
-            raise ValueError(f"{what} host {host!r} is not an IP address") from None
-    else:
-        raise ValueError(f"{what} host must be an IP address string, got {host!r}")
-    if ip.version == 6:
-        mapped = ip.ipv4_mapped
-        ip = mapped if mapped is not None else ipaddress.IPv6Address(ip.packed)  # drops %scope
-    return ip, port
-
-
-def _as_ipv6(ip: _IPAddress) -> ipaddress.IPv6Address:
-    return ip if ip.version == 6 else ipaddress.IPv6Address(_V4_MAPPED_PREFIX + ip.packed)
