@@ -1,0 +1,207 @@
+"""The results of ``make wan``: ``wan.json``, the printed table and ``wan.png``.
+
+``wan.json`` holds, for each scenario (``direct``, ``edge``) and each key of
+:data:`loadtests.wan.scenarios.MEASUREMENTS`, an object with ``p50_ms``,
+``p90_ms``, ``p99_ms``, ``floor_ms`` and ``n`` (successful samples), plus
+``failed`` (samples that errored) and ``samples_ms`` (every sample, so the chart
+can be redrawn and other statistics computed later). ``speedup_p50`` is direct
+p50 / edge p50 per measurement; ``locust`` summarises the locust runs whose CSVs
+lie beside the file; ``config`` records delays, sysctls, workers and counts.
+
+The chart has one panel per measurement: each scenario's samples as a box
+(quartiles, whiskers at 1.5 IQR) over the individual samples, and the floor of
+each scenario as a dashed line across its box.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from loadtests.wan.scenarios import MEASUREMENTS, SCENARIOS, summarize
+
+__all__ = ["build_results", "format_table", "read_locust_stats", "write", "write_chart"]
+
+#: FreeAgent, "Speeding up SSL": 1322 ms direct vs 557 ms through a remote
+#: balancer and an OpenVPN tunnel at 265 ms RTT.
+SEED = {"direct_ms": 1322.0, "tunnel_ms": 557.0, "ratio": round(1322.0 / 557.0, 2)}
+COLORS = {"direct": "#d95f02", "edge": "#1b9e77"}
+
+
+def build_results(
+    samples: Mapping[str, Mapping[str, list[float]]],
+    errors: Mapping[str, Mapping[str, list[str]]],
+    floors: Mapping[str, Mapping[str, float]],
+    *,
+    config: Mapping[str, Any],
+    locust: Mapping[str, Any],
+    elapsed_s: float,
+) -> dict[str, Any]:
+    """Everything that goes into ``wan.json``."""
+    results: dict[str, Any] = {
+        "generated": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "elapsed_s": round(elapsed_s, 1),
+        "seed_freeagent": SEED,
+    }
+    for scenario in SCENARIOS:
+        rows = {}
+        for key in MEASUREMENTS:
+            values = list(samples.get(scenario, {}).get(key, []))
+            row = summarize(values, floors[scenario][key])
+            row["failed"] = len(errors.get(scenario, {}).get(key, []))
+            row["samples_ms"] = [round(v, 2) for v in values]
+            if row["failed"]:
+                row["first_error"] = errors[scenario][key][0]
+            rows[key] = row
+        results[scenario] = rows
+    results["speedup_p50"] = {key: speedup(results, key) for key in MEASUREMENTS}
+    results["locust"] = dict(locust)
+    results["config"] = dict(config)
+    return results
+
+
+def speedup(results: Mapping[str, Any], key: str) -> float | None:
+    """Direct p50 over edge p50 (above 1: the edge is faster); None without samples."""
+    direct, edge = results["direct"][key]["p50_ms"], results["edge"][key]["p50_ms"]
+    if not direct or not edge:
+        return None
+    return round(direct / edge, 2)
+
+
+def format_table(results: Mapping[str, Any]) -> str:
+    """The table printed at the end of the run (and pasted into the README)."""
+    header = (
+        f"| {'measurement':<26} | {'scenario':<8} | {'p50 ms':>8} | {'p90 ms':>8} | "
+        f"{'p99 ms':>8} | {'floor ms':>8} | {'n':>4} | {'speedup':>7} |"
+    )
+    lines = [header, "|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|"]
+
+    def num(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    for key in MEASUREMENTS:
+        for scenario in SCENARIOS:
+            row = results[scenario][key]
+            ratio = results["speedup_p50"][key] if scenario == "edge" else None
+            lines.append(
+                f"| {key if scenario == 'direct' else '':<26} | {scenario:<8} | "
+                f"{num(row['p50_ms']):>8} | {num(row['p90_ms']):>8} | {num(row['p99_ms']):>8} | "
+                f"{num(row['floor_ms']):>8} | {row['n']:>4} | "
+                f"{'' if ratio is None else f'{ratio:.2f}x':>7} |"
+            )
+    seed = results["seed_freeagent"]
+    lines.append(
+        f"speedup = direct p50 / edge p50; seed to beat (FreeAgent, 265 ms RTT): "
+        f"{seed['direct_ms']:.0f} ms direct vs {seed['tunnel_ms']:.0f} ms = {seed['ratio']}x"
+    )
+    emulator = results.get("config", {}).get("emulator")
+    if emulator:
+        links = emulator["links"].values()
+        lines.append(
+            f"emulator: {sum(x['dropped_loss'] for x in links)} packets dropped by the 1% loss, "
+            f"{sum(x['dropped_queue'] for x in links)} by full queues, "
+            f"NFQUEUE drops {emulator['nfqueue']}, netlink overruns "
+            f"{emulator['netlink_overruns']}, release lateness mean "
+            f"{emulator['late_mean_us']} us, max {emulator['late_max_us']} us"
+        )
+    for scenario, summary in results.get("locust", {}).items():
+        for name, row in summary.get("requests", {}).items():
+            lines.append(
+                f"locust {scenario:<6} {name:<22} n={row['requests']:<6} "
+                f"failures={row['failures']:<4} p50={row['p50_ms']} p90={row['p90_ms']} "
+                f"p99={row['p99_ms']} ms"
+            )
+    return "\n".join(lines)
+
+
+def read_locust_stats(path: Path) -> dict[str, Any]:
+    """Per request name: count, failures and percentiles from locust's ``*_stats.csv``."""
+    if not path.exists():
+        return {"requests": {}, "error": f"{path.name} was not written"}
+
+    def number(text: str) -> float | None:
+        try:
+            value = float(text)
+        except ValueError:
+            return None
+        return None if math.isnan(value) else value
+
+    rows: dict[str, Any] = {}
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            name = f"{row['Type']} {row['Name']}".strip() if row["Type"] else row["Name"]
+            rows[name] = {
+                "requests": int(row["Request Count"]),
+                "failures": int(row["Failure Count"]),
+                "p50_ms": number(row["50%"]),
+                "p90_ms": number(row["90%"]),
+                "p99_ms": number(row["99%"]),
+                "rps": number(row["Requests/s"]),
+            }
+    return {"requests": rows, "csv": path.name}
+
+
+def write(results: Mapping[str, Any], directory: Path) -> None:
+    """``wan.json`` and ``wan.png`` in ``directory``."""
+    (directory / "wan.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_chart(results, directory / "wan.png")
+
+
+def write_chart(results: Mapping[str, Any], path: Path) -> None:
+    """One panel per measurement: direct vs edge distributions, floors dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(MEASUREMENTS)
+    columns = 5
+    rows = math.ceil(len(keys) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.0 * columns, 4.2 * rows), squeeze=False)
+    for ax, key in zip(axes.flat, keys, strict=False):
+        _panel(ax, results, key)
+    for ax in list(axes.flat)[len(keys) :]:
+        ax.set_visible(False)
+    seed = results["seed_freeagent"]
+    fig.suptitle(
+        "geoedge WAN latency from a distant region (user 265 ms RTT from the origin, 10 ms from "
+        f"the edge); speedup = direct p50 / edge p50; seed: {seed['ratio']}x",
+        fontsize=13,
+    )
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _panel(ax: Any, results: Mapping[str, Any], key: str) -> None:
+    names = list(SCENARIOS)
+    data = [results[s][key]["samples_ms"] for s in names]
+    positions = list(range(1, len(names) + 1))
+    plotted = [d if d else [math.nan] for d in data]
+    boxes = ax.boxplot(plotted, positions=positions, widths=0.5, patch_artist=True,
+                       showfliers=False, medianprops={"color": "black"})  # fmt: skip
+    for patch, scenario in zip(boxes["boxes"], names, strict=True):
+        patch.set_facecolor(COLORS[scenario])
+        patch.set_alpha(0.35)
+    for pos, values, scenario in zip(positions, data, names, strict=True):
+        if values:
+            jitter = [pos + 0.18 * math.sin(i * 2.399) for i in range(len(values))]
+            ax.scatter(jitter, values, s=9, color=COLORS[scenario], alpha=0.7, zorder=3)
+        floor = results[scenario][key]["floor_ms"]
+        ax.hlines(floor, pos - 0.35, pos + 0.35, colors="black", linestyles="dashed", zorder=4)
+    ratio = results["speedup_p50"][key]
+    title = MEASUREMENTS[key].title
+    idle_s = results.get("config", {}).get("plan", {}).get("idle_s", 30.0)
+    if key.startswith("idle30") and idle_s != 30.0:  # a --quick or --idle-s run
+        title = title.replace("30 s", f"{idle_s:g} s")
+    title += "" if ratio is None else f"\nspeedup {ratio:.2f}x"
+    ax.set_title(title, fontsize=10)
+    ax.set_xticks(positions, [f"{s}\nn={results[s][key]['n']}" for s in names])
+    ax.set_ylabel("ms (dashed: floor)")
+    ax.set_ylim(bottom=0)
+    ax.grid(axis="y", alpha=0.3)

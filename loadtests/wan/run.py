@@ -1,0 +1,284 @@
+"""``make wan`` / ``python -m loadtests.wan.run``: latency from a distant region, direct vs edge.
+
+One command builds the emulated WAN (:mod:`loadtests.wan.emulator`: user 265 ms
+RTT from the origin, 10 ms from the edge), starts the Node.js app, HAProxy
+(direct), the origin balancer and the edge, then takes every measurement of
+:data:`loadtests.wan.scenarios.MEASUREMENTS` from the ``user`` namespace for both
+scenarios (interleaved, so that slow drifts of the shared machine hit both
+alike), runs locust against each, and writes ``wan.json``, ``wan.png`` and the
+locust CSVs to ``loadtests/results/`` (see :mod:`loadtests.wan.report`).
+
+``--quick`` takes a few samples of everything (about a minute; the
+integration test runs it); the sample counts are options. Exit status: 0 when
+every measurement has samples (failed ones are counted in
+``wan.json``), 1 when one got none, 2 when the emulator cannot
+run here (not root, no NFQUEUE, ...), with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadtests.wan import report
+from loadtests.wan.scenarios import (
+    HTTPS_PORT,
+    MEASUREMENTS,
+    SCENARIOS,
+    floor_ms,
+    path_rtts,
+)
+from loadtests.wan.stack import Stack
+
+__all__ = ["QUICK", "Plan", "main"]
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "loadtests" / "results"
+#: geoedge's recommended tuning (deploy/sysctl/99-geoedge.conf) where geoedge runs;
+#: the user's namespace keeps the kernel default, as a user's machine does.
+DAEMON_SYSCTLS = {"net.ipv4.tcp_slow_start_after_idle": "0"}
+
+Series = dict[str, list[float]]
+_STARTED = time.monotonic()
+
+
+def say(message: str) -> None:
+    """A progress line, stamped with the seconds since the run started."""
+    print(f"[{time.monotonic() - _STARTED:6.1f} s] {message}", flush=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How many samples of each measurement, per scenario (about 10 minutes in all)."""
+
+    new: int = 20
+    """Sequential new-connection GETs of the small page, per TLS version."""
+    large: int = 10
+    """Sequential new-connection GETs of the 768 KB response."""
+    keepalive: int = 20
+    """Requests on one open connection."""
+    ws: int = 20
+    """WebSocket opens, each with its first echo."""
+    bursts: int = 3
+    """Bursts of ``burst_size`` new connections, right after other traffic."""
+    burst_size: int = 20
+    first_bursts: int = 3
+    """Restarts of the TLS terminator, each followed by one burst."""
+    idle_rounds: int = 3
+    """Large GETs after ``idle_s`` of silence (the scenarios take turns going first)."""
+    idle_s: float = 30.0
+    loss: int = 30
+    """New-connection GETs with 1% loss on the long link."""
+    warmup: int = 10
+    """Untimed small and large GETs per scenario before measuring. Through the edge a
+    tunnel connection's first large response pays TCP slow start on the long link
+    (~1.9 s), its second one a round trip more; requests spread over the edge's
+    workers at random, so ten leave every worker's tunnel warm."""
+    locust_s: int = 60
+    """Seconds of locust per scenario (0: skip locust)."""
+    locust_users: int = 20
+    pause_s: float = 0.1
+    """Pause between sequential samples."""
+
+
+QUICK = Plan(
+    new=2, large=1, keepalive=3, ws=2, bursts=1, burst_size=10, first_bursts=1,
+    idle_rounds=1, idle_s=2.0, loss=2, warmup=1, locust_s=3, locust_users=4,
+)  # fmt: skip
+
+
+class Runner:
+    """Takes the samples: one measuring agent in the user namespace, fed JSON batches."""
+
+    def __init__(self, stack: Stack, plan: Plan) -> None:
+        self.stack = stack
+        self.plan = plan
+        self.samples: dict[str, dict[str, list[float]]] = {s: {} for s in SCENARIOS}
+        self.errors: dict[str, dict[str, list[str]]] = {s: {} for s in SCENARIOS}
+        self.negotiated: dict[str, dict[str, Any]] = {s: {} for s in SCENARIOS}
+
+    def batch(self, scenario: str, kind: str, **fields: Any) -> tuple[Series, list[str]]:
+        """One batch of samples from the agent: (series by name, errors)."""
+        host = self.stack.wan.address(SCENARIOS[scenario].terminator)
+        spec = {"host": host, "port": HTTPS_PORT, "ca": self.stack.files.ca, "kind": kind}
+        reply = self.stack.agent_request({**spec, "pause_s": self.plan.pause_s, **fields})
+        if "fatal" in reply:
+            raise RuntimeError(f"measuring agent refused a batch: {reply['fatal']}")
+        negotiated = reply["negotiated"]
+        if negotiated:  # one example per TLS version: shows both scenarios agree
+            self.negotiated[scenario].setdefault(negotiated["version"], negotiated)
+        return reply["series"], reply["errors"]
+
+    def record(self, scenario: str, key: str, values: list[float], errors: list[str]) -> None:
+        self.samples[scenario].setdefault(key, []).extend(values)
+        if errors:
+            self.errors[scenario].setdefault(key, []).extend(errors)
+            say(f"  {scenario} {key}: {len(errors)} failed, first: {errors[0]}")
+
+    def measure(self, scenario: str, key: str, kind: str, series_name: str, **fields: Any) -> None:
+        m = MEASUREMENTS[key]
+        series, errors = self.batch(scenario, kind, tls=m.tls, path=m.path, **fields)
+        self.record(scenario, key, series.get(series_name, []), errors)
+
+    def warm_up(self, scenario: str) -> None:
+        for path in ("/", "/large"):
+            self.batch(scenario, "new", path=path, count=self.plan.warmup, pause_s=0.0)
+
+    def websocket(self, scenario: str) -> None:
+        series, errors = self.batch(scenario, "ws", path="/ws", count=self.plan.ws)
+        self.record(scenario, "ws_open_tls13", series.get("ws_open_ms", []), errors)
+        self.record(scenario, "ws_echo_tls13", series.get("ws_echo_ms", []), [])
+
+    def steady(self) -> None:
+        """Everything measured right after other traffic, one scenario after the other
+        for each measurement, so that drifts of the shared machine hit both alike."""
+        p = self.plan
+        steps: list[tuple[str, str, dict[str, int]]] = [
+            ("new_small_tls13", "new", {"count": p.new}),
+            ("new_small_tls12", "new", {"count": p.new}),
+            ("new_large_tls13", "new", {"count": p.large}),
+            ("keepalive_small", "keepalive", {"count": p.keepalive}),
+            ("burst20_small_tls13", "burst", {"count": p.bursts, "burst": p.burst_size}),
+        ]
+        for key, kind, fields in steps:
+            say(f"  {key}")
+            for scenario in SCENARIOS:
+                self.measure(scenario, key, kind, "total_ms", **fields)
+        say("  ws_open_tls13, ws_echo_tls13")
+        for scenario in SCENARIOS:
+            self.websocket(scenario)
+
+    def idle(self) -> None:
+        """Large GETs after silence; the scenarios alternate going first."""
+        order = list(SCENARIOS)
+        for i in range(self.plan.idle_rounds):
+            say(f"  idle round {i + 1}/{self.plan.idle_rounds}: {self.plan.idle_s:g} s silence")
+            time.sleep(self.plan.idle_s)
+            for scenario in order if i % 2 == 0 else order[::-1]:
+                self.measure(scenario, "idle30_large_tls13", "new", "total_ms", count=1)
+
+    def first_bursts(self) -> None:
+        p = self.plan
+        for i in range(p.first_bursts):
+            for scenario in SCENARIOS:
+                self.stack.restart(scenario)
+                say(f"  {scenario} restarted ({i + 1}/{p.first_bursts}), first burst")
+                self.measure(
+                    scenario, "first_burst20_small_tls13", "burst", "total_ms",
+                    count=1, burst=p.burst_size,
+                )  # fmt: skip
+
+    def lossy(self) -> None:
+        wan = self.stack.wan
+        wan.set_pair("edge", "origin", loss=0.01)
+        wan.set_pair("user", "origin", loss=0.01)
+        try:
+            for scenario in SCENARIOS:
+                self.measure(scenario, "loss1_small_tls13", "new", "total_ms", count=self.plan.loss)
+        finally:
+            wan.set_pair("edge", "origin", loss=0.0)
+            wan.set_pair("user", "origin", loss=0.0)
+
+    def run(self) -> None:
+        for scenario in SCENARIOS:
+            say(f"warming up {scenario}")
+            self.warm_up(scenario)
+        say("measuring right after other traffic")
+        self.steady()
+        say("idle measurements")
+        self.idle()
+        say("first bursts after a restart")
+        self.first_bursts()
+        say("1% loss on the long link")
+        self.lossy()
+
+
+def _one_way_delays(stack: Stack) -> dict[tuple[str, str], float]:
+    return {pair: params.delay_ms for pair, params in stack.wan.links.items()}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.wan.run", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a few samples of everything")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="output directory")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the daemons' logs")
+    for f in dataclasses.fields(Plan):
+        kind = float if f.type == "float" else int
+        flag = "--" + f.name.replace("_", "-")
+        parser.add_argument(flag, type=kind, default=None, help=f"(default {f.default})")
+    return parser
+
+
+def plan_from(args: argparse.Namespace) -> Plan:
+    base = QUICK if args.quick else Plan()
+    changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(Plan)}
+    return dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
+
+
+@contextmanager
+def _workdir(keep: bool) -> Iterator[Path]:
+    if keep:
+        path = Path(tempfile.mkdtemp(prefix="geoedge-wan-"))
+        print(f"logs and configs in {path}")
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="geoedge-wan-") as path:
+        yield Path(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    global _STARTED
+    args = _parser().parse_args(argv)
+    plan = plan_from(args)
+    _STARTED = time.monotonic()
+    from loadtests.wan.emulator import unsupported_reason
+
+    reason = unsupported_reason()
+    if reason is not None:
+        print(f"WAN emulator unavailable: {reason}", file=sys.stderr)
+        return 2
+    args.results.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with _workdir(args.keep_logs) as workdir, Stack(workdir, DAEMON_SYSCTLS) as stack:
+        runner = Runner(stack, plan)
+        runner.run()
+        locust = {}
+        if plan.locust_s > 0:
+            for scenario in SCENARIOS:
+                say(f"locust against {scenario} for {plan.locust_s} s")
+                locust[scenario] = stack.locust(
+                    scenario, args.results, plan.locust_s, plan.locust_users
+                )
+        delays = _one_way_delays(stack)
+        config = {**stack.describe(), "emulator": stack.emulator_counters()}
+    floors = {
+        s: {k: floor_ms(m, path_rtts(SCENARIOS[s], delays)) for k, m in MEASUREMENTS.items()}
+        for s in SCENARIOS
+    }
+    results = report.build_results(
+        runner.samples, runner.errors, floors,
+        config={**config, "plan": dataclasses.asdict(plan), "quick": args.quick,
+                "negotiated": runner.negotiated},
+        locust=locust, elapsed_s=time.monotonic() - started,
+    )  # fmt: skip
+    report.write(results, args.results)
+    print(report.format_table(results))
+    missing = [f"{s}/{k}" for s in SCENARIOS for k in MEASUREMENTS if not results[s][k]["n"]]
+    if missing:
+        print(f"no samples for: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""``python -m loadtests.wan.run --quick``: the whole WAN proof, a few samples of each.
+
+Real namespaces and the NFQUEUE delay router, the real Node.js app, HAProxy, the
+origin balancer, the edge, the measuring agent and locust. The samples must
+respect physics (none below its floor: a missing handshake or a resumed session
+would show up there), the edge must win where handshakes dominate, the files
+must be written, and nothing may be left behind. Skipped where the emulator,
+HAProxy, Node's modules or the load extras are missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadtests.wan import netns
+from loadtests.wan.emulator import unsupported_reason
+from loadtests.wan.scenarios import MEASUREMENTS, SCENARIOS
+
+pytestmark = pytest.mark.timeout(180)
+
+ROOT = Path(__file__).resolve().parents[2]
+FIELDS = {"p50_ms", "p90_ms", "p99_ms", "floor_ms", "n"}
+
+
+def skip_reason() -> str | None:
+    reason = unsupported_reason()
+    if reason is not None:
+        return f"WAN emulator unavailable: {reason}"
+    if shutil.which("haproxy") is None:
+        return "haproxy not installed"
+    if not (ROOT / "deploy" / "node-app" / "node_modules").is_dir():
+        return "deploy/node-app/node_modules missing (make node)"
+    for module in ("locust", "matplotlib", "websocket", "websockets"):
+        try:
+            __import__(module)
+        except ImportError:
+            return f"{module} not installed (pip install -e '.[load]')"
+    return None
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]:
+    reason = skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    out = tmp_path_factory.mktemp("wan")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loadtests.wan.run", "--quick", "--results", str(out)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        output, _ = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return out, proc.pid, output
+
+
+def test_quick_run_writes_every_measurement_within_physics(
+    quick_run: tuple[Path, int, str],
+) -> None:
+    out, _, output = quick_run
+    assert "speedup" in output, output[-3000:]
+    results = json.loads((out / "wan.json").read_text())
+    for scenario in SCENARIOS:
+        for key in MEASUREMENTS:
+            row = results[scenario][key]
+            assert set(row) >= FIELDS, (scenario, key, row)
+            assert row["n"] >= 1 and row["failed"] == 0, (scenario, key, row)
+            assert row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
+            # Propagation is a hard floor; the emulator only ever adds to it.
+            assert min(row["samples_ms"]) >= row["floor_ms"] - 0.5, (scenario, key, row)
+    direct, edge = results["direct"], results["edge"]
+    assert direct["new_small_tls13"]["floor_ms"] == pytest.approx(795.5)
+    assert edge["new_small_tls13"]["floor_ms"] == pytest.approx(295.5)
+    # Where handshakes dominate, the edge wins by more than the seed's 2.37x.
+    assert results["speedup_p50"]["new_small_tls13"] > 2.37, results["speedup_p50"]
+    assert results["speedup_p50"]["new_small_tls12"] > 3.0, results["speedup_p50"]
+    # Small requests come close to their floors (a few ms of overhead, not round trips).
+    for scenario in SCENARIOS:
+        for key in ("new_small_tls13", "keepalive_small", "ws_echo_tls13"):
+            row = results[scenario][key]
+            assert row["p50_ms"] < row["floor_ms"] + 40, (scenario, key, row)
+
+
+def test_quick_run_writes_chart_and_locust_csvs_and_cleans_up(
+    quick_run: tuple[Path, int, str],
+) -> None:
+    out, pid, output = quick_run
+    assert (out / "wan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    results = json.loads((out / "wan.json").read_text())
+    for scenario in SCENARIOS:
+        stats = (out / f"locust_{scenario}_stats.csv").read_text()
+        assert "visit /" in stats and "open" in stats, stats
+        requests = results["locust"][scenario]["requests"]
+        assert requests["GET visit /"]["requests"] >= 1, requests
+        assert requests["Aggregated"]["failures"] == 0, requests
+    # The emulator instance of the run (tagged by its PID) is gone with its processes.
+    assert not [ns for ns in netns.namespaces() if ns.startswith(f"gewan-{pid}n")], output[-2000:]
