@@ -1,7 +1,9 @@
 """Events the session reports, named in the past tense (STYLE.md §5).
 
-Frozen, slotted dataclasses: cheap to create on the hot path and safe to hand
-across layers.
+Slotted dataclasses, immutable by convention rather than ``frozen=True``
+(which sets each field through ``object.__setattr__``: 0.27 us against 0.11 us
+for a two-field event); one or more are made per frame on the hot path.
+Nothing mutates an event after creation.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 from tunnel.mux.metadata import StreamMetadata
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SessionEstablished:
     """The peer's HELLO arrived and the version was agreed: streams may open."""
 
@@ -19,7 +21,7 @@ class SessionEstablished:
     peer_settings: dict[int, int]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StreamOpened:
     """The peer opened a stream (PROTOCOL.md §6.1)."""
 
@@ -27,7 +29,7 @@ class StreamOpened:
     metadata: StreamMetadata
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DataReceived:
     """Stream bytes arrived. Credit returns only when the application calls
     :meth:`Session.acknowledge_received_data` (PROTOCOL.md §7)."""
@@ -36,14 +38,14 @@ class DataReceived:
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StreamEnded:
     """The peer half-closed its side of the stream (END_STREAM)."""
 
     stream_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StreamReset:
     """The stream is gone. ``remote`` tells whether the peer reset it or the
     session did (a stream-scoped error, a stall, a GOAWAY, a dead connection)."""
@@ -53,14 +55,14 @@ class StreamReset:
     remote: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PingAcknowledged:
     """A PONG answered one of our PINGs; ``rtt_s`` is that round trip."""
 
     rtt_s: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GoAwayReceived:
     """The peer is draining: streams above ``last_stream_id`` that we opened
     were not processed (they are reset with REFUSED_STREAM and may be retried)."""
@@ -70,7 +72,7 @@ class GoAwayReceived:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ConnectionTerminated:
     """The session is over; the adapter sends what is queued, then closes."""
 
