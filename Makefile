@@ -33,13 +33,14 @@ $(VENV)/bin/python: | $(STAMPS)/apt-base
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
+# The test suite includes a quick run of the WAN proof (locust, matplotlib), so
+# it installs the load extras too.
 $(STAMPS)/py-test: pyproject.toml $(VENV)/bin/python
 	@mkdir -p $(STAMPS)
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,load]'
 	@touch $@
 
-$(STAMPS)/py-load: pyproject.toml $(STAMPS)/py-test
-	$(PY) -m pip install -q -e '.[test,load]'
+$(STAMPS)/py-load: $(STAMPS)/py-test
 	@touch $@
 
 $(NODE_APP)/node_modules/.stamp: $(NODE_APP)/package.json | $(STAMPS)/apt-base
