@@ -83,7 +83,12 @@ class OriginSet:
     def open_stream(
         self, metadata: StreamMetadata | bytes, factory: Callable[[], asyncio.BaseProtocol]
     ) -> tuple[str, TunnelStream]:
-        name = choose_origin(self.candidates(), self._rng)
+        name: str | None
+        if len(self.pools) == 1:  # the common single-origin edge: nothing to choose
+            only = next(iter(self.pools))
+            name = only if self.pools[only].usable else None
+        else:
+            name = choose_origin(self.candidates(), self._rng)
         if name is None:
             raise NoTunnelAvailable("no usable tunnel to any origin")
         return name, self.pools[name].open_stream(metadata, factory)

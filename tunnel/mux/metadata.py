@@ -9,6 +9,7 @@ items an older origin ignores: that is the "room for more".
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
 import struct
 from dataclasses import dataclass, field
@@ -141,15 +142,23 @@ def _put(out: bytearray, key: int, value: bytes) -> None:
     out += value
 
 
-def _encode_address(address: Address) -> bytes:
-    host, port = address
+@functools.lru_cache(maxsize=4096)
+def _pack_ip(host: str) -> bytes:
+    """``ipaddress`` parsing costs ~3 us; clients come back, so keep the last
+    few thousand (per-connection metadata encoding at the edge)."""
     try:
         packed = ipaddress.ip_address(host).packed
     except ValueError:
         raise MetadataError(f"not an IP address: {host!r}") from None
+    return bytes((4 if len(packed) == 4 else 6,)) + packed
+
+
+def _encode_address(address: Address) -> bytes:
+    host, port = address
+    packed = _pack_ip(host)
     if not 0 <= port <= 0xFFFF:
         raise MetadataError(f"port out of range: {port}")
-    return bytes((4 if len(packed) == 4 else 6,)) + packed + _PORT.pack(port)
+    return packed + _PORT.pack(port)
 
 
 def _decode_address(raw: bytes) -> Address:
