@@ -293,8 +293,12 @@ async def http_get(
     data = await io.read_all()
     io.write_eof()
     head, _, body = data.partition(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1])
-    return HttpResult(status, head, body)
+    parts = head.split(b" ", 2)
+    if len(parts) < 2 or not parts[1].isdigit():
+        # The backend went away before answering (a request in flight when a
+        # test kills it): the stream ends cleanly with no response at all.
+        raise ConnectionError(f"no HTTP response on the stream ({len(data)} octets)")
+    return HttpResult(int(parts[1]), head, body)
 
 
 def metric_values(text: str, name: str) -> dict[str, float]:
