@@ -99,6 +99,13 @@ class Backend:
         return backend
 
     def update(self, spec: BackendSpec) -> None:
+        if spec.healthy and not self.healthy:
+            # The parent's active checks brought it back (``rise`` passes in a
+            # row): fresher evidence than this worker's connect failures from
+            # while it was down, so its passive ejection ends here.
+            self.ejected_until = float("-inf")
+            self.ejections = 0
+            self.failures = 0
         self.weight = spec.weight
         self.healthy = spec.healthy
         self.drained = spec.drained

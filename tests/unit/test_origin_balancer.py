@@ -304,3 +304,20 @@ def test_rise_and_fall_need_consecutive_results() -> None:
     assert not verdict.observe(False)  # the streak is broken
     assert [verdict.observe(True) for _ in range(2)] == [False, True]
     assert verdict.healthy
+
+
+def test_coming_back_up_ends_a_passive_ejection() -> None:
+    """A backend ejected for connect failures while it was down takes streams
+    again as soon as the active checks bring it back, not after the ejection."""
+    policy = PassiveHealthConfig(failures=1, eject_base_s=30.0, eject_max_s=60.0)
+    backend = Backend.from_spec(BackendSpec("10.0.0.9:80", 1))
+    assert record_connect_failure(backend, 100.0, policy)
+    backend.update(BackendSpec("10.0.0.9:80", 1, healthy=False))
+    assert not backend.available(101.0, 0)
+    backend.update(BackendSpec("10.0.0.9:80", 1, healthy=True, up_since=102.0))
+    assert backend.available(102.0, 0)
+    assert backend.ejections == 0
+    # Staying up is not a reason to forgive: a still-healthy backend keeps its ejection.
+    assert record_connect_failure(backend, 103.0, policy)
+    backend.update(BackendSpec("10.0.0.9:80", 1, healthy=True, up_since=102.0))
+    assert not backend.available(104.0, 0)
