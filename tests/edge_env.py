@@ -6,7 +6,6 @@ each stream to one Node.js backend; the real origin balancer has its own suite.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import http.client
 import os
@@ -139,30 +138,6 @@ def start_edge(procs: Processes, config: Path, log_file: Path) -> subprocess.Pop
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
-
-
-async def pipe_origin_handler(io: object, backend_port: int) -> None:
-    """Stand-in origin: pipe one stream to a backend, both ways, with half-close."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", backend_port)
-
-    async def up() -> None:
-        while chunk := await io.read(65536):  # type: ignore[attr-defined]
-            writer.write(chunk)
-            await writer.drain()
-        writer.write_eof()
-
-    async def down() -> None:
-        while chunk := await reader.read(65536):
-            io.write(chunk)  # type: ignore[attr-defined]
-            await io.drain()  # type: ignore[attr-defined]
-        io.write_eof()  # type: ignore[attr-defined]
-
-    try:
-        await asyncio.gather(up(), down())
-    except Exception:
-        io.abort()  # type: ignore[attr-defined]
-    finally:
-        writer.close()
 
 
 @dataclass

@@ -16,7 +16,6 @@ from tests.conftest import PkiFiles, run_async
 from tests.tunnel_env import (
     connect,
     dial_config,
-    free_port,
     listener_config,
     open_io,
     start_server,
@@ -215,10 +214,6 @@ def test_peer_reset_reaches_the_stream(test_pki: PkiFiles) -> None:
         await server.close()
 
     run_async(main(), timeout=20)
-
-
-def _unused() -> int:
-    return free_port()
 
 
 def test_credit_returned_by_a_resuming_reader_goes_out_at_once(test_pki: PkiFiles) -> None:
