@@ -67,7 +67,7 @@ def test_wire_numbers_match_the_spec_tables() -> None:
         "HELLO", "SETTINGS", "OPEN", "DATA", "WINDOW_UPDATE", "RESET", "PING", "PONG", "GOAWAY",
     ]  # fmt: skip
     assert Flag.END_STREAM == 0x1
-    assert [c.value for c in ErrorCode] == list(range(16))
+    assert [c.value for c in ErrorCode] == list(range(17))
     assert [s.value for s in SettingId] == [1, 2, 3, 4, 5]
     assert SETTING_DEFAULTS == {1: 65536, 2: 16384, 3: 262144, 4: 16777216, 5: 4096}
     assert (MIN_FRAME_BYTES, MAX_FRAME_BYTES_LIMIT) == (1024, 16 * 1024 * 1024)

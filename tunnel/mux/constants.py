@@ -76,6 +76,7 @@ class ErrorCode(enum.IntEnum):
     CONNECT_FAILED = 0xD
     NO_BACKEND = 0xE
     UPSTREAM_RESET = 0xF
+    IDLE = 0x10
 
     @classmethod
     def name_of(cls, code: int) -> str:
