@@ -187,6 +187,13 @@ class PoolConfig:
     """Other backends tried when a connect fails (nothing was sent yet)."""
     max_connections_per_backend: int = 0
     """Streams one worker sends to one backend at once; 0: no cap."""
+    keepalive_idle_s: float = 3.0
+    """How long a backend connection left idle by a finished stream is kept for
+    the next stream to the same backend (HTTP keep-alive reuse). Keep it below
+    the backends' own keep-alive timeout (Node.js: 5 s). 0: a new connection
+    per stream. Never used with ``proxy_protocol`` (its header is per client)."""
+    keepalive_max_idle: int = 64
+    """Idle connections one worker keeps per backend."""
     slow_start_s: float = 0.0
     """A backend that comes back ramps its weight from ~0 to full over this long."""
     health: HealthCheckConfig | None = None
@@ -209,6 +216,8 @@ class PoolConfig:
             raise ValueError("connect_retries and max_connections_per_backend must be >= 0")
         if self.slow_start_s < 0:
             raise ValueError("slow_start_s must be >= 0")
+        if self.keepalive_idle_s < 0 or self.keepalive_max_idle < 0:
+            raise ValueError("keepalive_idle_s and keepalive_max_idle must be >= 0")
         seen: set[str] = set()
         for backend in self.backends:
             if backend.address in seen:

@@ -59,7 +59,7 @@ from tunnel.runtime.metrics import (
     enable_multiprocess,
     process_exited,
 )
-from tunnel.runtime.workers import Supervisor, WorkerContext, listen_control
+from tunnel.runtime.workers import Supervisor, WorkerContext, listen_control, tune_gc
 
 __all__ = ["OriginDaemon", "bind_listener"]
 
@@ -277,6 +277,7 @@ class OriginDaemon:
         loop.add_signal_handler(signal.SIGHUP, lambda: None)  # the parent reloads
         await worker.start(sock=self._sock, ssl_context=self._ssl, tls_audit=self._audit)
         pipe = await listen_control(context, worker.on_control, stopping.set)
+        tune_gc()
         log.info("worker %d serving on %s", context.index, self.config.tunnel_listener.address)
         await stopping.wait()
         await worker.shutdown()

@@ -35,9 +35,11 @@ import asyncio
 import contextlib
 import socket
 import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
+from origin.keepalive import IdleBackends
 from tunnel.aio.stream import TunnelStream
 from tunnel.codecs.proxy import TlvType, encode_ssl_tlv, encode_v1, encode_v2
 from tunnel.mux import ErrorCode, StreamMetadata
@@ -51,6 +53,7 @@ BACKEND_LOW_WATER = 64 * 1024
 _MAX_UNIQUE_ID = 128
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST
 _UNSPECIFIED = {4: ("0.0.0.0", 0), 6: ("::", 0)}
+_monotonic = time.monotonic
 
 
 class Splice(asyncio.Protocol):
@@ -64,18 +67,26 @@ class Splice(asyncio.Protocol):
         "backend",
         "backend_eof",
         "backend_open",
+        "backend_protocol",
         "bytes_down",
         "bytes_up",
         "connect_task",
         "finished",
         "on_finished",
+        "on_idle",
         "stream",
         "tag",
     )
 
-    def __init__(self, on_finished: Callable[[Splice, BaseException | None], None]) -> None:
+    def __init__(
+        self,
+        on_finished: Callable[[Splice, BaseException | None], None],
+        on_idle: Callable[[Splice], bool] | None = None,
+    ) -> None:
         self.stream: TunnelStream | None = None
         self.backend: asyncio.Transport | None = None
+        self.backend_protocol: BackendProtocol | None = None
+        self.on_idle = on_idle
         self.backend_open = False
         self.backend_eof = False
         self.bytes_up = 0
@@ -117,20 +128,46 @@ class Splice(asyncio.Protocol):
             self.backend_open = False
             if exc is None:
                 backend.close()
-            else:
+            elif not (getattr(exc, "code", None) == ErrorCode.IDLE and self._park()):
                 _reset(backend)
         elif self.connect_task is not None:
             self.connect_task.cancel()
         self.on_finished(self, exc)
 
+    def _park(self) -> bool:
+        """The edge ended the stream between exchanges (RESET IDLE): offer the
+        backend connection for reuse if nothing of this stream is left on it."""
+        backend = self.backend
+        if (
+            self.on_idle is None
+            or self.backend_eof
+            or self.backend_protocol is None
+            or backend is None
+            or backend.get_write_buffer_size()
+        ):
+            return False
+        return self.on_idle(self)
+
     # -- called by the connector ----------------------------------------------------------
 
-    def attach(self, backend: asyncio.Transport, preamble: bytes = b"") -> None:
-        """The backend is connected: send the PROXY header, let the stream flow."""
+    def attach(
+        self,
+        backend: asyncio.Transport,
+        preamble: bytes = b"",
+        protocol: BackendProtocol | None = None,
+    ) -> None:
+        """The backend is connected: send the PROXY header, let the stream flow.
+
+        ``protocol``: the backend connection's :class:`BackendProtocol`, for a
+        connection that may be parked later, or one taken from the idle pool.
+        """
         self.connect_task = None
         if self.finished:  # the edge gave up while we connected
             backend.close()
             return
+        if protocol is not None:
+            protocol.splice = self
+            self.backend_protocol = protocol
         self.backend = backend
         self.backend_open = True
         backend.set_write_buffer_limits(high=BACKEND_HIGH_WATER, low=BACKEND_LOW_WATER)
@@ -160,31 +197,78 @@ class Splice(asyncio.Protocol):
 
 
 class BackendProtocol(asyncio.Protocol):
-    """The backend connection's protocol: everything goes to the splice's stream."""
+    """The backend connection's protocol: everything goes to the splice's stream.
 
-    __slots__ = ("splice",)
+    Between streams the connection may be parked (:mod:`origin.keepalive`):
+    ``splice`` is None then, and anything the backend sends, or its closing,
+    ends the connection: a backend has nothing to say between exchanges.
+    """
+
+    __slots__ = ("deadline", "idle", "idle_key", "last_active", "splice", "transport")
 
     def __init__(self, splice: Splice) -> None:
-        self.splice = splice
+        self.splice: Splice | None = splice
+        self.transport: asyncio.Transport | None = None
+        self.last_active = 0.0
+        self.idle: IdleBackends | None = None
+        self.idle_key: object = None
+        self.deadline = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         splice = self.splice
+        if splice is None:
+            self.close_parked()
+            return
+        self.last_active = _monotonic()
         splice.bytes_down += len(data)
         splice.stream.write(data)  # type: ignore[union-attr]
 
     def eof_received(self) -> bool:
-        self.splice.backend_eof = True
-        self.splice.stream.write_eof()  # type: ignore[union-attr]
+        splice = self.splice
+        if splice is None:
+            self.close_parked()
+            return False
+        splice.backend_eof = True
+        splice.stream.write_eof()  # type: ignore[union-attr]
         return True  # keep our sending half open: the edge may still be sending
 
     def pause_writing(self) -> None:
-        self.splice.stream.pause_reading()  # type: ignore[union-attr]
+        if self.splice is not None:
+            self.splice.stream.pause_reading()  # type: ignore[union-attr]
 
     def resume_writing(self) -> None:
-        self.splice.stream.resume_reading()  # type: ignore[union-attr]
+        if self.splice is not None:
+            self.splice.stream.resume_reading()  # type: ignore[union-attr]
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.splice is None:
+            self.close_parked()
+            return
         self.splice.backend_closed(exc)
+
+    # -- keep-alive reuse (origin.keepalive) ----------------------------------------------
+
+    def park(self, idle: IdleBackends, key: object, deadline: float) -> None:
+        self.splice = None
+        self.idle = idle
+        self.idle_key = key
+        self.deadline = deadline
+        self.transport.resume_reading()  # type: ignore[union-attr]  # to see a close
+
+    def unpark(self) -> bool:
+        """Taken for a new stream: False if the connection died meanwhile."""
+        self.idle = None
+        return self.transport is not None and not self.transport.is_closing()
+
+    def close_parked(self) -> None:
+        idle, self.idle = self.idle, None
+        if idle is not None:
+            idle.discard(self.idle_key, self)
+        if self.transport is not None:
+            self.transport.close()
 
 
 def _reset(transport: asyncio.Transport) -> None:

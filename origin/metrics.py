@@ -27,6 +27,11 @@ class WorkerMetrics:
         self.streams_active = m.gauge(
             "streams_active", "Streams in flight to a backend.", ("pool", "backend")
         )
+        self.reused = m.counter(
+            "backend_connections_reused",
+            "Streams that took an idle keep-alive connection instead of connecting.",
+            ("pool", "backend"),
+        )
         self.stream_failures = m.counter(
             "stream_failures",
             "Streams reset by the origin: NO_BACKEND, CONNECT_FAILED, UPSTREAM_RESET.",

@@ -44,6 +44,7 @@ from origin.balancer import (
 )
 from origin.config import OriginConfig
 from origin.forward import BackendProtocol, Splice, proxy_preamble
+from origin.keepalive import IdleBackends
 from origin.metrics import WorkerMetrics
 from origin.snapshot import PoolSnapshot, decode_snapshots
 from tunnel.aio.connection import PeerRefused, TunnelConnection
@@ -66,6 +67,7 @@ class _BackendTag:
 
     streams: Any
     active: Any
+    reused: Any
     bytes_up: Any
     bytes_down: Any
     ejected: Any
@@ -100,6 +102,7 @@ class OriginWorker:
         self._server: asyncio.Server | None = None
         self._connections: set[TunnelConnection] = set()
         self._splices: set[Splice] = set()
+        self.idle = IdleBackends(self._loop, clock)
         self._draining = False
         self._shutdown_task: asyncio.Task[None] | None = None
         self._edge_timer: asyncio.TimerHandle | None = None
@@ -156,6 +159,7 @@ class OriginWorker:
             streams=len(self._splices),
             drain_timeout_s=drain_timeout_s,
         )
+        self.idle.close_all()
         for connection in connections:
             connection.go_away("origin shutting down")
         if connections:
@@ -178,6 +182,7 @@ class OriginWorker:
                 splice.stream.abort(ErrorCode.CANCEL)
         if self._edge_timer is not None:
             self._edge_timer.cancel()
+        self.idle.close_all()
         await asyncio.sleep(0)  # let the aborts' callbacks run
         log.info("worker drained")
 
@@ -210,6 +215,7 @@ class OriginWorker:
         return _BackendTag(
             streams=m.streams.labels(pool, address),
             active=m.streams_active.labels(pool, address),
+            reused=m.reused.labels(pool, address),
             bytes_up=m.bytes.labels(pool, address, "to_backend"),
             bytes_down=m.bytes.labels(pool, address, "from_backend"),
             ejected=m.ejected.labels(pool, address),
@@ -219,7 +225,7 @@ class OriginWorker:
     # -- streams -----------------------------------------------------------------------
 
     def on_stream(self, stream: TunnelStream) -> Splice:
-        splice = Splice(self._finished)
+        splice = Splice(self._finished, self.park)
         self._splices.add(splice)
         metadata = stream.metadata
         name = (
@@ -252,9 +258,14 @@ class OriginWorker:
             if attempt:
                 self.metrics.connect_retries.labels(pool.name).inc()
             backend.active += 1
+            reused = self.idle.take(backend) if not attempt else None
+            if reused is not None:
+                self._started(splice, backend, reused.transport, reused, b"")  # type: ignore[arg-type]
+                backend.tag.reused.inc()
+                return
             try:
                 async with asyncio.timeout(settings.connect_timeout_s):
-                    transport, _ = await self._loop.create_connection(
+                    transport, protocol = await self._loop.create_connection(
                         lambda: BackendProtocol(splice), backend.host, backend.port
                     )
             except asyncio.CancelledError:
@@ -266,14 +277,41 @@ class OriginWorker:
                 tried.append(backend)
                 continue
             record_connect_success(backend)
-            self._streams_total += 1
-            tag = backend.tag
-            tag.streams.inc()
-            tag.active.inc()
-            splice.tag = backend
-            splice.attach(transport, proxy_preamble(settings.proxy_protocol, metadata))
+            preamble = proxy_preamble(settings.proxy_protocol, metadata)
+            self._started(splice, backend, transport, protocol, preamble)
             return
         self._fail(splice, pool.name, ErrorCode.CONNECT_FAILED)
+
+    def _started(
+        self,
+        splice: Splice,
+        backend: Backend,
+        transport: asyncio.Transport,
+        protocol: BackendProtocol,
+        preamble: bytes,
+    ) -> None:
+        self._streams_total += 1
+        tag = backend.tag
+        tag.streams.inc()
+        tag.active.inc()
+        splice.tag = backend
+        splice.attach(transport, preamble, protocol)
+
+    def park(self, splice: Splice) -> bool:
+        """The edge ended ``splice``'s stream between exchanges: keep its backend
+        connection for the next stream to that backend if the pool allows it."""
+        backend: Backend | None = splice.tag
+        protocol = splice.backend_protocol
+        if backend is None or protocol is None or self._draining:
+            return False
+        pool = self.pools.get(backend.tag.pool)
+        if pool is None or backend not in pool.backends or backend.drained or not backend.healthy:
+            return False
+        settings = pool.settings
+        if settings.keepalive_idle_s <= 0 or settings.proxy_protocol != "off":
+            return False
+        deadline = (protocol.last_active or self._clock()) + settings.keepalive_idle_s
+        return self.idle.park(backend, protocol, deadline, settings.keepalive_max_idle)
 
     def _connect_failed(self, pool: BackendPool, backend: Backend, exc: BaseException) -> None:
         if isinstance(exc, TimeoutError):
