@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import signal
 import socket
@@ -29,7 +28,7 @@ from tunnel.runtime.admin import AdminServer, HealthReport
 from tunnel.runtime.config import ConfigError, load_config
 from tunnel.runtime.logs import configure_logging
 from tunnel.runtime.metrics import cleanup_multiprocess, enable_multiprocess, process_exited
-from tunnel.runtime.workers import Supervisor, WorkerContext
+from tunnel.runtime.workers import Supervisor, WorkerContext, tune_gc
 
 log = logging.getLogger("geoedge.edge")
 
@@ -62,16 +61,6 @@ async def run_worker(
     loop.add_signal_handler(signal.SIGHUP, worker.reload_certificates)
     await stop.wait()
     await worker.drain()
-
-
-def tune_gc() -> None:
-    """Freeze what start-up allocated (configs, contexts, modules) so the
-    collector stops re-scanning it, and collect the young generation less
-    often: per-request objects are freed by reference counting, cycles are
-    rare. GC was ~3% of a keep-alive request in ``make bench-edge``."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 20)
 
 
 def edge_health() -> HealthReport:

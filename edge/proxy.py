@@ -47,6 +47,7 @@ from edge.http1 import (
     TunnelBytes,
     WebSocketAccepted,
     WebSocketRefused,
+    closing_head,
     error_response,
     redirect_response,
 )
@@ -184,7 +185,8 @@ class ClientConnection(asyncio.Protocol):
         self._closing = True
         upstream, self.upstream = self.upstream, None
         if upstream is not None and upstream.stream is not None:
-            upstream.stream.abort(ErrorCode.CANCEL)
+            tunnel = self.state == _TUNNEL
+            upstream.stream.abort(ErrorCode.CANCEL if tunnel else self._stream_end_code(upstream))
         self.worker.connection_closed(self)
 
     def pause_writing(self) -> None:
@@ -360,6 +362,9 @@ class ClientConnection(asyncio.Protocol):
                 request.status = head.status
             if request.websocket_key is not None and head.status != 101 and head.status >= 200:
                 self._dispatch_requests(self.reader.upgrade_refused())  # type: ignore[union-attr]
+            if not request.keep_alive and head.status >= 200 and head.status != 101:
+                self._write_response_bytes(closing_head(head.head))
+                return
         self._write_response_bytes(head.head)
 
     def _write_response_bytes(self, data: bytes) -> None:
@@ -504,9 +509,25 @@ class ClientConnection(asyncio.Protocol):
             if self.state == _TUNNEL:
                 upstream.stream.close()
             else:
-                upstream.stream.abort(ErrorCode.CANCEL)
+                upstream.stream.abort(self._stream_end_code(upstream))
         if self.transport is not None:
             self.transport.close()
+
+    def _stream_end_code(self, upstream: Upstream) -> ErrorCode:
+        """IDLE when the stream stops between exchanges, so that the origin may keep
+        the backend connection for another stream (PROTOCOL.md §6.5.1): every
+        request went up whole and was answered in full, the backend kept the
+        connection alive (its response said so), and nothing is still queued on
+        the stream. Otherwise CANCEL."""
+        if (
+            not self.pending
+            and self.reader is not None
+            and self.reader.between_requests
+            and upstream.reader.at_boundary
+            and upstream.stream.get_write_buffer_size() == 0  # type: ignore[union-attr]
+        ):
+            return ErrorCode.IDLE
+        return ErrorCode.CANCEL
 
     def close_idle(self, reason: str) -> None:
         """Called by the worker's sweeper (timeouts) and on drain."""

@@ -152,6 +152,7 @@ class Stack:
     origin_cmd: list[str]
     procs: Processes
     origin: subprocess.Popen[bytes] | None = None
+    origin_admin_port: int = 0
 
     def tls_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.pki.ca))
@@ -184,11 +185,24 @@ class Stack:
         conn.request("GET", "/metrics")
         return conn.getresponse().read().decode()
 
+    def origin_metrics(self) -> str:
+        conn = http.client.HTTPConnection("127.0.0.1", self.origin_admin_port, timeout=5)
+        conn.request("GET", "/metrics")
+        return conn.getresponse().read().decode()
+
 
 def write_origin_config(
-    path: Path, pki: PkiFiles, *, port: int, backends: list[int], health: bool = True
+    path: Path,
+    pki: PkiFiles,
+    *,
+    port: int,
+    backends: list[int],
+    health: bool = True,
+    admin_port: int | None = None,
+    pool_extra: str = "",
 ) -> Path:
-    """A real origin balancer's config: one default pool over ``backends``."""
+    """A real origin balancer's config: one default pool over ``backends``;
+    ``pool_extra``: more keys of that pool (TOML lines)."""
     backend_tables = "".join(f'[[pools.backends]]\naddress = "127.0.0.1:{b}"\n' for b in backends)
     health_table = (
         '[pools.health]\npath = "/health"\ninterval_s = 0.5\ntimeout_s = 0.4\n' if health else ""
@@ -209,7 +223,7 @@ ca = "{pki.ca}"
 allowed_identities = ["edge-1"]
 
 [admin]
-address = "127.0.0.1:{free_port()}"
+address = "127.0.0.1:{admin_port or free_port()}"
 
 [tunnel]
 ping_interval_s = 0.5
@@ -218,6 +232,7 @@ ping_timeout_s = 2.0
 [[pools]]
 name = "app"
 default = true
+{pool_extra}
 {health_table}
 {backend_tables}
 """
@@ -236,11 +251,12 @@ def edge_stack(
     tls_extra: str = "",
     extra_top: str = "",
     backend_port: int | None = None,
+    origin_pool_extra: str = "",
 ) -> Iterator[Stack]:
     """A Node backend (or ``backend_port``), the real origin balancer and an edge."""
     procs = Processes()
     node_port, origin_port = free_port(), free_port()
-    https_port, admin_port = free_port(), free_port()
+    https_port, admin_port, origin_admin_port = free_port(), free_port(), free_port()
     if backend_port is None:
         procs.node(node_port)
     else:
@@ -251,6 +267,8 @@ def edge_stack(
         port=origin_port,
         backends=[node_port],
         health=backend_port is None,
+        admin_port=origin_admin_port,
+        pool_extra=origin_pool_extra,
     )
     origin_cmd = [sys.executable, "-m", "origin", "--config", str(origin_config)]
     config = write_edge_config(
@@ -270,6 +288,7 @@ def edge_stack(
     s = Stack(
         test_pki, https_port, admin_port, node_port, origin_port, edge, log, origin_cmd, procs
     )
+    s.origin_admin_port = origin_admin_port
     try:
         s.start_origin()
         wait_port(https_port)

@@ -115,6 +115,7 @@ function makeHandler(state) {
       case '/ip':
         return sendJson(res, 200, {
           remote_address: unmapped(req.socket.remoteAddress),
+          remote_port: req.socket.remotePort,
           x_forwarded_for: header(req, 'x-forwarded-for'),
           x_real_ip: header(req, 'x-real-ip'),
           forwarded: header(req, 'forwarded'),

@@ -37,7 +37,7 @@ from edge.http1.events import (
 )
 from edge.http1.limits import ClientContext, HttpLimits
 from edge.http1.request import RequestReader
-from edge.http1.response import ResponseReader
+from edge.http1.response import ResponseReader, closing_head
 from edge.http1.websocket import websocket_accept
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "WebSocketAccepted",
     "WebSocketRefused",
     "WebSocketUpgrade",
+    "closing_head",
     "error_response",
     "redirect_response",
     "websocket_accept",

@@ -103,6 +103,13 @@ class RequestReader:
         return self._state == _HEAD and not self._eof and not self._head.started
 
     @property
+    def between_requests(self) -> bool:
+        """Every request forwarded so far was forwarded whole (its body too), and
+        no upgrade is pending: the backend is at a message boundary. True after
+        a last request (``Connection: close``) too: it went up whole."""
+        return self._state == _HEAD or self._state == _DRAINING
+
+    @property
     def awaiting_upgrade(self) -> bool:
         """A WebSocket handshake was forwarded; client bytes are being held."""
         return self._state == _UPGRADE_HELD

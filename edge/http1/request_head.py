@@ -29,11 +29,14 @@ delete: the "hop-by-hop abuse" attack), ``Keep-Alive``,
 ``Proxy-Connection``, ``TE``, ``Trailer`` (trailers are dropped, see
 :mod:`edge.http1.request`), ``HTTP2-Settings`` and ``Upgrade`` (so
 ``Upgrade: h2c`` never reaches the backend) unless the request is a valid
-WebSocket handshake. Persistence towards the backend mirrors the client,
-because each client connection is one tunnel stream and responses travel
-back raw: HTTP/1.1 forwards ``Connection: close`` only when the client asked
-for it, HTTP/1.0 forwards ``Connection: keep-alive`` only when the client
-asked for it; a WebSocket handshake forwards ``Connection: Upgrade`` and
+WebSocket handshake. Persistence towards the backend: an HTTP/1.1 request
+always goes up keep-alive, even when the client asked to close (the edge
+closes the client's connection itself, and rewrites that response head to
+say so: :func:`edge.http1.response.closing_head`), so that the origin may keep
+the backend connection for another stream (PROTOCOL.md §9, ``IDLE``). An
+HTTP/1.0 request mirrors the client (``Connection: keep-alive`` only when it
+asked), because the response travels back raw and a 1.0 client cannot read a
+chunked one. A WebSocket handshake forwards ``Connection: Upgrade`` and
 ``Upgrade: websocket``.
 
 Forwarding fields (DESIGN principle 8): untrusted peers lose every
@@ -226,8 +229,6 @@ def build_request_head(
     if websocket is not None:
         kept.append((b"Connection", b"connection", b"Upgrade"))
         kept.append((b"Upgrade", b"upgrade", b"websocket"))
-    elif version == b"1.1" and not keep_alive:
-        kept.append((b"Connection", b"connection", b"close"))
     elif version == b"1.0" and keep_alive:
         kept.append((b"Connection", b"connection", b"keep-alive"))
     if chunked:

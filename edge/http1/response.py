@@ -94,6 +94,19 @@ class ResponseReader:
         return len(self._pending) + (self._state in (_BODY_LENGTH, _BODY_CHUNKED, _BODY_UNTIL_EOF))
 
     @property
+    def at_boundary(self) -> bool:
+        """Every forwarded request was answered in full, no byte of another
+        response arrived, and the backend kept the connection alive."""
+        return (
+            self._state == _HEAD
+            and not self._pending
+            and not self._started
+            and not self._stash
+            and not self._close_after
+            and not self._eof
+        )
+
+    @property
     def buffered_bytes(self) -> int:
         """Bytes held inside the reader right now (never more than the limits allow)."""
         return len(self._stash) + self._head.buffered_bytes
@@ -296,3 +309,23 @@ def _framing(headers: list[tuple[bytes, bytes]], version: bytes) -> tuple[int | 
     if length is None:
         raise MessageRejected(502, "invalid Content-Length")
     return length, False, False
+
+
+_RESPONSE_HOP_BY_HOP = frozenset({b"connection", b"keep-alive"})
+
+
+def closing_head(head: bytes) -> bytes:
+    """``head`` (a raw final response head) rewritten to say ``Connection: close``.
+
+    For a client that asked to close: its HTTP/1.1 request went up keep-alive
+    (:mod:`edge.http1.request_head`), so the backend's ``Connection`` and
+    ``Keep-Alive`` fields speak of the backend connection, not the client's.
+    """
+    lines = head.rstrip(b"\r\n").split(b"\n")
+    kept = [lines[0].rstrip(b"\r")]
+    for line in lines[1:]:
+        line = line.rstrip(b"\r")
+        if line.partition(b":")[0].strip().lower() not in _RESPONSE_HOP_BY_HOP:
+            kept.append(line)
+    kept.append(b"Connection: close")
+    return b"\r\n".join(kept) + b"\r\n\r\n"

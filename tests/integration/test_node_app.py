@@ -35,6 +35,7 @@ IO_TIMEOUT_S = 5.0
 LARGE_BYTES = 786432
 IP_KEYS = {
     "remote_address",
+    "remote_port",
     "x_forwarded_for",
     "x_real_ip",
     "forwarded",
@@ -168,6 +169,7 @@ def test_health(app: NodeApp) -> None:
 def test_ip_reports_the_socket_peer_and_nulls(app: NodeApp) -> None:
     seen = get_json(app, "/ip")
     assert set(seen) == IP_KEYS
+    assert isinstance(seen.pop("remote_port"), int)
     assert seen == {
         "remote_address": "127.0.0.1",
         "x_forwarded_for": None,

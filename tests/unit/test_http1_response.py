@@ -20,6 +20,7 @@ from edge.http1 import (
     TunnelBytes,
     WebSocketAccepted,
     WebSocketRefused,
+    closing_head,
     error_response,
     redirect_response,
     websocket_accept,
@@ -488,3 +489,59 @@ def test_eof_after_closing_response_reports_queued_requests_as_unanswered() -> N
     events = reader.feed(response(b"HTTP/1.1 200 OK", b"Connection: close", b"Content-Length: 0"))
     assert events[-1] == ResponseCompleted(close_after=True)
     assert reader.feed_eof() == [BackendClosed(before_response=True, mid_response=False)]
+
+
+# -- keep-alive reuse: where the backend connection stands (PROTOCOL.md §6.5.1) --------
+
+
+def test_at_boundary_only_between_complete_kept_alive_responses() -> None:
+    reader = make_reader()
+    assert not reader.at_boundary  # a request is outstanding
+    whole = response(b"HTTP/1.1 200 OK", b"Content-Length: 5", body=b"hello")
+    reader.feed(whole[:-2])
+    assert not reader.at_boundary  # mid-body
+    reader.feed(whole[-2:])
+    assert reader.at_boundary
+    reader.expect(b"GET", None)
+    reader.feed(b"HTTP/1.1 200 OK\r\n")  # part of the next head
+    reader.feed(b"Content-Length: 0\r\n\r\n")
+    assert reader.at_boundary
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        response(b"HTTP/1.1 200 OK", b"Connection: close", b"Content-Length: 0"),
+        response(b"HTTP/1.1 200 OK", body=b"until the close"),  # no framing
+        response(b"HTTP/1.0 200 OK", b"Content-Length: 0"),  # 1.0 without keep-alive
+    ],
+)
+def test_a_response_that_ends_the_connection_is_never_a_boundary(answer: bytes) -> None:
+    reader = make_reader()
+    reader.feed(answer)
+    assert not reader.at_boundary
+
+
+def test_a_closed_backend_is_never_a_boundary() -> None:
+    reader = make_reader()
+    reader.feed(response(b"HTTP/1.1 204 No Content"))
+    assert reader.at_boundary
+    reader.feed_eof()
+    assert not reader.at_boundary
+
+
+def test_closing_head_replaces_the_backends_persistence_fields() -> None:
+    head = response(
+        b"HTTP/1.1 200 OK",
+        b"Content-Type: text/plain",
+        b"connection: keep-alive",
+        b"Keep-Alive: timeout=5",
+        b"Content-Length: 2",
+    )
+    assert closing_head(head) == response(
+        b"HTTP/1.1 200 OK", b"Content-Type: text/plain", b"Content-Length: 2", b"Connection: close"
+    )
+    # What llhttp parses of the result: the same status and framing, closing.
+    events = make_reader().feed(closing_head(head) + b"ok")
+    assert head_of(events).status == 200 and not head_of(events).keep_alive
+    assert ResponseCompleted(close_after=True) in events
