@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import json
 import logging
 import os
@@ -66,6 +67,7 @@ __all__ = [
     "WorkerContext",
     "listen_control",
     "resolve_worker_count",
+    "tune_gc",
 ]
 
 log = logging.getLogger("geoedge.workers")
@@ -447,3 +449,14 @@ async def listen_control(
         lambda: _ControlReader(on_message, on_parent_gone), pipe
     )
     return transport
+
+
+def tune_gc() -> None:
+    """Call in a worker once it is set up. Freeze what start-up allocated
+    (configs, contexts, modules) so the collector stops re-scanning it, and
+    collect the young generation less often: per-request objects are freed by
+    reference counting, cycles are rare. GC was ~3% of a keep-alive request at
+    the edge and ~5% of a stream at the origin in ``make bench-edge``."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
