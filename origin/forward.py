@@ -15,7 +15,12 @@ stream full (edge slow)          ``backend.pause_reading()``: TCP pushes back
 stream EOF (END_STREAM)          ``backend.write_eof()`` (half-close)
 backend EOF                      ``stream.write_eof()`` (half-close)
 stream reset                     ``backend.abort()`` with an RST (SO_LINGER 0)
-backend reset / error            ``stream.abort(UPSTREAM_RESET)``
+backend reset / error            ``stream.abort(UPSTREAM_RESET)``; but
+                                 ``stream.write_eof()`` on a reused connection
+                                 that sent nothing back yet (its keep-alive
+                                 timeout raced the request)
+stream reset IDLE                park the backend connection if it is clean
+                                 (:mod:`origin.keepalive`), else reset it
 stream ended both ways           ``backend.close()`` (after its queue drains)
 ===============================  ============================================
 
@@ -74,6 +79,7 @@ class Splice(asyncio.Protocol):
         "finished",
         "on_finished",
         "on_idle",
+        "reused",
         "stream",
         "tag",
     )
@@ -87,6 +93,7 @@ class Splice(asyncio.Protocol):
         self.backend: asyncio.Transport | None = None
         self.backend_protocol: BackendProtocol | None = None
         self.on_idle = on_idle
+        self.reused = False
         self.backend_open = False
         self.backend_eof = False
         self.bytes_up = 0
@@ -188,9 +195,12 @@ class Splice(asyncio.Protocol):
         stream = self.stream
         if stream is None:
             return
-        if exc is None or self.backend_eof:
+        if exc is None or self.backend_eof or (self.reused and not self.bytes_down):
             # A reset after the backend's FIN (we wrote into a socket it had
-            # closed) does not spoil a response that was complete.
+            # closed) does not spoil a response that was complete. And a reused
+            # connection that breaks before its first byte back is the backend's
+            # keep-alive timeout racing our request: end the stream as a close
+            # before any response, which the edge replays when that is safe.
             stream.write_eof()
         else:
             stream.abort(ErrorCode.UPSTREAM_RESET)

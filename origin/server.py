@@ -260,6 +260,7 @@ class OriginWorker:
             backend.active += 1
             reused = self.idle.take(backend) if not attempt else None
             if reused is not None:
+                splice.reused = True
                 self._started(splice, backend, reused.transport, reused, b"")  # type: ignore[arg-type]
                 backend.tag.reused.inc()
                 return

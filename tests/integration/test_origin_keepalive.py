@@ -109,3 +109,51 @@ def test_proxy_protocol_pool_gives_each_stream_its_own_connection(
     assert not sum(
         metric_values(metrics, "geoedge_origin_backend_connections_reused_total").values()
     )
+
+
+def test_a_reused_connection_reset_before_answering_ends_like_a_close(
+    test_pki: PkiFiles,
+) -> None:
+    """The race behind keep-alive reuse: the backend's idle timeout fires just as
+    a reused connection carries a new request. The backend here (a raw socket
+    server, standing in for that timing) answers the first request keep-alive
+    and resets the connection on the second. The stream must end as a close
+    before any response (the edge then replays a GET, or answers 502), not as
+    UPSTREAM_RESET (which the edge must treat as "maybe processed")."""
+    import socket
+    import struct
+
+    async def backend(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        body = json.dumps({"remote_port": writer.get_extra_info("peername")[1]}).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        await reader.readuntil(b"\r\n\r\n")
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    async def main() -> tuple[bytes, BaseException | None, float]:
+        server = await asyncio.start_server(backend, "127.0.0.1", 0)
+        address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        config = origin_config(test_pki, [pool([address], health=False)])
+        port = int(config.tunnel_listener.address.rpartition(":")[2])
+        try:
+            async with origin_in_process(config):
+                connection = await connect(dial_config(test_pki, port))
+                await exchange(connection, end=ErrorCode.IDLE)
+                await asyncio.sleep(0.05)
+                io = open_io(connection, client_address=CLIENT, server_address=SERVER)
+                io.write(b"GET /ip HTTP/1.1\r\nHost: app.test\r\n\r\n")
+                data = await io.read_all()
+                error = io.exception
+                _, text = await admin_request("GET", f"http://{config.admin.address}/metrics")
+                connection.abort()
+        finally:
+            server.close()
+        reused = metric_values(text, "geoedge_origin_backend_connections_reused_total")
+        return data, error, sum(reused.values())
+
+    data, error, reused = run_async(main(), 30)
+    assert reused == 1  # the second stream did take the parked connection
+    assert data == b""
+    assert error is None, error
