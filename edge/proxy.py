@@ -185,8 +185,7 @@ class ClientConnection(asyncio.Protocol):
         self._closing = True
         upstream, self.upstream = self.upstream, None
         if upstream is not None and upstream.stream is not None:
-            tunnel = self.state == _TUNNEL
-            upstream.stream.abort(ErrorCode.CANCEL if tunnel else self._stream_end_code(upstream))
+            upstream.stream.abort(self._stream_end_code(upstream))
         self.worker.connection_closed(self)
 
     def pause_writing(self) -> None:
@@ -518,7 +517,8 @@ class ClientConnection(asyncio.Protocol):
         the backend connection for another stream (PROTOCOL.md §6.5.1): every
         request went up whole and was answered in full, the backend kept the
         connection alive (its response said so), and nothing is still queued on
-        the stream. Otherwise CANCEL."""
+        the stream. Otherwise CANCEL (always for an upgraded stream: its reader
+        is not between requests)."""
         if (
             not self.pending
             and self.reader is not None

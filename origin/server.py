@@ -182,7 +182,6 @@ class OriginWorker:
                 splice.stream.abort(ErrorCode.CANCEL)
         if self._edge_timer is not None:
             self._edge_timer.cancel()
-        self.idle.close_all()
         await asyncio.sleep(0)  # let the aborts' callbacks run
         log.info("worker drained")
 
@@ -258,7 +257,7 @@ class OriginWorker:
             if attempt:
                 self.metrics.connect_retries.labels(pool.name).inc()
             backend.active += 1
-            reused = self.idle.take(backend) if not attempt else None
+            reused = self.idle.take(backend)
             if reused is not None:
                 splice.reused = True
                 self._started(splice, backend, reused.transport, reused, b"")  # type: ignore[arg-type]
