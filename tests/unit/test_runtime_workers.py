@@ -5,8 +5,10 @@ descriptors. Workers report to a file the test reads."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -18,6 +20,9 @@ from tunnel.policy import Backoff
 from tunnel.runtime.workers import (
     Supervisor,
     WorkerContext,
+    _fds_opened_since,
+    _open_fds,
+    _release_fds,
     listen_control,
     resolve_worker_count,
 )
@@ -41,10 +46,30 @@ async def until(condition: object, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+def fd_targets() -> list[str]:
+    """What this process's descriptors refer to (``socket:[inode]``, a path, ...)."""
+    targets = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            targets.append(os.readlink(f"/proc/self/fd/{name}"))
+        except OSError:  # listdir's own descriptor, closed by now
+            pass
+    return targets
+
+
+def fd_target(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
 def serving_worker(
-    path: Path, *, ignore_term: bool = False, parent_fd: tuple[int, int] | None = None
+    path: Path,
+    *,
+    ignore_term: bool = False,
+    parent_fd: tuple[int, int] | None = None,
+    report_fds: bool = False,
 ):
-    """A worker that reports its life and every control message to ``path``."""
+    """A worker that reports its life and every control message to ``path``
+    (and, with ``report_fds``, what its descriptors refer to, before it starts)."""
 
     def main(context: WorkerContext) -> int:
         async def run() -> int:
@@ -61,6 +86,8 @@ def serving_worker(
                 except OSError:
                     same = False
                 report(path, "parent fd open" if same else "parent fd closed")
+            if report_fds:
+                report(path, f"fds {context.index} {json.dumps(fd_targets())}")
             await listen_control(
                 context,
                 lambda m: report(path, f"msg {context.index} {m['n']}"),
@@ -201,6 +228,77 @@ def test_parent_descriptors_are_closed_in_workers(tmp_path: Path) -> None:
     finally:
         os.close(read_fd)
         os.close(write_fd)
+
+
+def test_a_restarted_worker_inherits_only_what_was_open_when_run_started(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "report"
+    before_r, before_w = os.pipe()  # open before run(): every worker inherits it
+    supervisor = Supervisor(serving_worker(path, report_fds=True), workers=1, restart_backoff=FAST)
+    later: list[socket.socket] = []
+
+    def worker_fds(nth: int) -> list[str]:
+        return json.loads([x for x in lines(path) if x.startswith("fds ")][nth].split(" ", 2)[2])
+
+    async def main() -> None:
+        task = asyncio.get_running_loop().create_task(supervisor.run())
+        try:
+            await until(lambda: len(started(path)) == 1)
+            # The parent opens a connection of its own (an admin client, say) ...
+            later.extend(socket.socketpair())
+            # ... then its worker dies and is forked again.
+            os.kill(int(started(path)[0].split()[2]), signal.SIGKILL)
+            await until(lambda: len(started(path)) == 2)
+            restarted = worker_fds(1)
+            assert fd_target(before_r) in restarted and fd_target(before_w) in restarted
+            assert fd_target(later[0].fileno()) not in restarted
+            assert fd_target(later[1].fileno()) not in restarted
+            # The parent is done with the connection: its peer sees EOF, which it
+            # would not if the restarted worker held a copy.
+            later[0].close()
+            later[1].settimeout(5)
+            assert later[1].recv(1) == b""
+        finally:
+            supervisor.stop()
+            await asyncio.wait_for(task, 10)
+
+    try:
+        run_async(main(), 30)
+    finally:
+        for pid in supervisor.statistics().pids:  # only if stopping timed out
+            os.kill(pid, signal.SIGKILL)
+        for sock in later:
+            sock.close()
+        os.close(before_r)
+        os.close(before_w)
+
+
+def test_descriptors_opened_since_a_record_are_released(tmp_path: Path) -> None:
+    kept_r, kept_w = os.pipe()
+    reused = os.open(tmp_path / "first", os.O_CREAT | os.O_RDWR)
+    record = _open_fds()
+    assert record is not None and {kept_r, kept_w, reused} <= record.keys()
+    other = os.open(tmp_path / "second", os.O_CREAT | os.O_RDWR)
+    os.dup2(other, reused)  # the same number, now for another file
+    os.close(other)
+    sock_a, sock_b = socket.socketpair()
+    try:
+        now = _open_fds()
+        assert now is not None
+        opened = _fds_opened_since(record, now, keep={sock_a.fileno()})
+        assert opened == sorted([reused, sock_b.fileno()])
+        _release_fds(opened)
+        assert fd_target(reused) == fd_target(sock_b.fileno()) == os.devnull  # numbers kept
+        sock_a.settimeout(5)
+        assert sock_a.recv(1) == b""  # nothing holds the other end any more
+        assert fd_target(kept_r).startswith("pipe:")
+        assert _fds_opened_since({}, {0: (1, 1), 1: (1, 2), 2: (1, 3)}, keep=()) == []
+    finally:
+        for fd in (kept_r, kept_w, reused):
+            os.close(fd)
+        sock_a.close()
+        sock_b.close()
 
 
 def test_listen_control_reports_messages_and_parent_gone() -> None:

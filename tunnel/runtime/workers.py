@@ -31,11 +31,24 @@ Why fork from inside the parent's running loop: restarts happen while the admin
 listener runs. In the child, :func:`_reset_after_fork` forgets the parent's
 running loop (Python 3.12 does this itself at fork; 3.11 does not), restores
 default signal dispositions and closes the parent's descriptors it was told
-about. The parent's threads (the DNS resolver's) do not exist in the child,
-which touches nothing of theirs. Other descriptors the parent has open at the
-fork (a health check's connection, say) stay open in that worker until it
-exits: closing everything but a list would also close what libraries opened
-and still use (prometheus_client's mmap files), so the list is opt-in.
+about (``parent_fds``) and the other workers' control pipes and pidfds. The
+parent's threads (the DNS resolver's) do not exist in the child, which touches
+nothing of theirs.
+
+What a worker inherits: stdin/stdout/stderr, its own control pipe, and the
+descriptors that were open when :meth:`Supervisor.run` started (minus
+``parent_fds``): the listening sockets, the TLS material, the log streams,
+prometheus_client's mmap files -- open what the workers need before ``run``.
+Anything the parent opened since (an accepted admin connection, a health
+check's socket, a DNS query's) is released in a worker forked later, a
+restarted one, or it would keep the connection open after the parent closed
+it (its peer never sees EOF). Released, not closed: it is pointed at
+``/dev/null`` (:func:`_release_fds`), because the parent's Python objects that
+own it live on in the child and may close their number some day (a socket in
+a garbage cycle, prometheus_client closing the parent's files after the fork);
+a closed number could by then belong to one of the worker's own sockets.
+Without ``/proc`` there is no record, and a worker inherits everything open at
+its fork but the descriptors listed above.
 
 ``workers = 1`` still forks one worker: the parent is the same in production
 and in tests. Daemons offer an in-process mode of their own for fine-grained
@@ -55,7 +68,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +114,8 @@ class WorkerContext:
 
 
 WorkerMain = Callable[[WorkerContext], int]
+#: What a descriptor refers to: ``(st_dev, st_ino)`` of its open file.
+FdIdentity = tuple[int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +139,10 @@ class _Slot:
 
 
 class Supervisor:
-    """Forks and keeps ``workers`` processes running; see the module docstring."""
+    """Forks and keeps ``workers`` processes running; see the module docstring.
+
+    A worker inherits the descriptors open when :meth:`run` started, except the
+    ``parent_fds``; what the parent opened since is released in the child."""
 
     def __init__(
         self,
@@ -154,17 +172,20 @@ class Supervisor:
         self._done: asyncio.Future[None] | None = None
         self._kill_timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._inherited_fds: dict[int, FdIdentity] | None = None
 
     # -- parent API -----------------------------------------------------------------
 
     async def run(self) -> None:
         """Fork the workers and supervise them until :meth:`stop` (or SIGTERM/SIGINT)
-        and the last worker has exited."""
+        and the last worker has exited. The descriptors open now are the ones
+        every worker, restarted ones too, inherits."""
         self._loop = loop = asyncio.get_running_loop()
         self._done = loop.create_future()
         loop.add_signal_handler(signal.SIGTERM, self.stop)
         loop.add_signal_handler(signal.SIGINT, self.stop)
         loop.add_signal_handler(signal.SIGHUP, self._on_hup)
+        self._inherited_fds = _open_fds()
         try:
             for slot in self._slots:
                 if not self._stopping:
@@ -266,6 +287,8 @@ class Supervisor:
                 if slot.pidfd >= 0:
                     inherited.append(slot.pidfd)
             _reset_after_fork(inherited)
+            if self._inherited_fds is not None and (now := _open_fds()) is not None:
+                _release_fds(_fds_opened_since(self._inherited_fds, now, keep=own))
             code = self._worker_main(WorkerContext(index, control_fd, os.getppid()))
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
@@ -357,6 +380,52 @@ def _reset_after_fork(inherited_fds: Iterable[int]) -> None:
         except OSError as exc:
             if exc.errno != errno.EBADF:
                 raise
+
+
+def _open_fds() -> dict[int, FdIdentity] | None:
+    """The descriptors open in this process and what each refers to; None without
+    ``/proc``. Identities, not just numbers: a descriptor closed since, whose
+    number now belongs to something else, must not pass for the old one."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    fds: dict[int, FdIdentity] = {}
+    for name in names:
+        fd = int(name)
+        try:
+            stat = os.fstat(fd)
+        except OSError:  # listdir's own descriptor, closed by now
+            continue
+        fds[fd] = (stat.st_dev, stat.st_ino)
+    return fds
+
+
+def _fds_opened_since(
+    before: Mapping[int, FdIdentity], now: Mapping[int, FdIdentity], *, keep: Container[int]
+) -> list[int]:
+    """Descriptors in ``now`` that ``before`` did not have (or had, for another
+    file), apart from ``keep`` and stdin/stdout/stderr, which stay whatever they are."""
+    return sorted(
+        fd
+        for fd, identity in now.items()
+        if fd > 2 and fd not in keep and before.get(fd) != identity
+    )
+
+
+def _release_fds(fds: Sequence[int]) -> None:
+    """Point each of ``fds`` at ``/dev/null``: the file it referred to is no longer
+    held here, yet its number stays taken, so a stale owner that closes it later
+    cannot close an unrelated descriptor that reused the number (see the module
+    docstring)."""
+    if not fds:
+        return
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for fd in fds:
+            os.dup2(null, fd, inheritable=False)
+    finally:
+        os.close(null)
 
 
 class _ControlWriter:
