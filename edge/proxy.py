@@ -49,6 +49,7 @@ from edge.http1 import (
     WebSocketRefused,
     closing_head,
     error_response,
+    https_location,
     redirect_response,
 )
 from tunnel.aio.stream import StreamResetError, TunnelStream
@@ -249,13 +250,11 @@ class ClientConnection(asyncio.Protocol):
 
     def _redirect_to_https(self, host: str | None, path: str) -> None:
         assert self._redirect is not None
-        name = (host or "").rpartition(":")[0] if (host or "").count(":") == 1 else host
-        port = self._redirect.https_port
-        authority = name if port == 443 else f"{name}:{port}"
-        if not name or not path.startswith("/"):
+        location = https_location(host, path, self._redirect.https_port)
+        if location is None:
             self._reject(400, "cannot redirect without Host and an origin-form target")
             return
-        self._write(redirect_response(f"https://{authority}{path}"))
+        self._write(redirect_response(location))
         self.worker.log_rejected(self, 301)
         self._close()
 

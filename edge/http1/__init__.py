@@ -15,7 +15,7 @@ through llhttp, bounded), :mod:`.chunked` (chunked framing),
 :mod:`.response`, :mod:`.websocket`, :mod:`.canned` (responses the edge writes).
 """
 
-from edge.http1.canned import error_response, redirect_response
+from edge.http1.canned import error_response, https_location, redirect_response
 from edge.http1.errors import Http1Error, Http1UsageError
 from edge.http1.events import (
     BackendClosed,
@@ -65,6 +65,7 @@ __all__ = [
     "WebSocketUpgrade",
     "closing_head",
     "error_response",
+    "https_location",
     "redirect_response",
     "websocket_accept",
 ]

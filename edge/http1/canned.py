@@ -47,6 +47,27 @@ def error_response(
     return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii") + payload
 
 
+def https_location(host: str | None, target: str, https_port: int) -> str | None:
+    """Where a plain-HTTP request for ``target`` on ``host`` (its Host field,
+    already validated) moves to: the same name on ``https_port``, the same
+    target. None when there is nothing to redirect to (no Host, a target that
+    is not origin-form). An IPv6 literal keeps its brackets (RFC 3986 §3.2.2)
+    and loses only the port after them."""
+    if not host or not target.startswith("/"):
+        return None
+    if host.startswith("["):
+        end = host.find("]")
+        if end < 0:
+            return None
+        name = host[: end + 1]
+    else:
+        name = host.partition(":")[0]
+    if name in ("", "[]"):
+        return None
+    authority = name if https_port == 443 else f"{name}:{https_port}"
+    return f"https://{authority}{target}"
+
+
 def redirect_response(location: str) -> bytes:
     """A ``301 Moved Permanently`` to ``location`` that closes the connection.
 

@@ -22,6 +22,7 @@ from edge.http1 import (
     WebSocketRefused,
     closing_head,
     error_response,
+    https_location,
     redirect_response,
     websocket_accept,
 )
@@ -545,3 +546,31 @@ def test_closing_head_replaces_the_backends_persistence_fields() -> None:
     events = make_reader().feed(closing_head(head) + b"ok")
     assert head_of(events).status == 200 and not head_of(events).keep_alive
     assert ResponseCompleted(close_after=True) in events
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "location"),
+    [
+        ("shop.example", 443, "https://shop.example/a?b=1"),
+        ("shop.example:8080", 443, "https://shop.example/a?b=1"),
+        ("shop.example:8080", 8443, "https://shop.example:8443/a?b=1"),
+        ("192.0.2.7:80", 443, "https://192.0.2.7/a?b=1"),
+        ("[2001:db8::1]", 443, "https://[2001:db8::1]/a?b=1"),
+        ("[2001:db8::1]:8080", 443, "https://[2001:db8::1]/a?b=1"),
+        ("[::1]:80", 8443, "https://[::1]:8443/a?b=1"),
+    ],
+)
+def test_https_location_keeps_the_name_and_swaps_the_port(
+    host: str, port: int, location: str
+) -> None:
+    assert https_location(host, "/a?b=1", port) == location
+
+
+@pytest.mark.parametrize(
+    ("host", "target"),
+    [(None, "/"), ("", "/"), ("a.example", "*"), ("a.example", "http://x/"), ("[::1", "/")],
+)
+def test_https_location_needs_a_host_and_an_origin_form_target(
+    host: str | None, target: str
+) -> None:
+    assert https_location(host, target, 443) is None
