@@ -2,7 +2,8 @@
 
 The client side is an ``asyncio.Protocol`` on the (TLS) client transport; the
 upstream side is a :class:`tunnel.aio.stream.TunnelStream`, which is itself a
-transport. Between them sit the sans-I/O HTTP/1.1 readers of :mod:`edge.http1`:
+transport, with an :class:`edge.upstream.Upstream` protocol that hands every
+event back here. Between them sit the sans-I/O HTTP/1.1 readers of :mod:`edge.http1`:
 requests are validated and their heads rewritten (forwarding headers, request
 id) before they go up; responses are forwarded as they come and parsed only to
 know where they end, whether a WebSocket upgrade was accepted, and for the
@@ -25,10 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edge.http1 import (
@@ -43,7 +42,6 @@ from edge.http1 import (
     ResponseCompleted,
     ResponseHeadReceived,
     ResponseInvalid,
-    ResponseReader,
     TunnelBytes,
     WebSocketAccepted,
     WebSocketRefused,
@@ -52,7 +50,8 @@ from edge.http1 import (
     https_location,
     redirect_response,
 )
-from tunnel.aio.stream import StreamResetError, TunnelStream
+from edge.upstream import PendingRequest, Upstream, peer_address, stream_metadata
+from tunnel.aio.stream import StreamResetError
 from tunnel.mux import ErrorCode, StreamMetadata
 from tunnel.mux.errors import MuxError
 from tunnel.mux.metadata import encode_request_fields
@@ -67,57 +66,6 @@ log = logging.getLogger("geoedge.edge")
 _NOT_PROCESSED = frozenset({ErrorCode.REFUSED_STREAM, ErrorCode.CONNECT_FAILED})
 
 _HEAD, _IDLE, _BUSY, _TUNNEL = "head", "idle", "busy", "tunnel"
-
-
-@dataclass(slots=True)
-class PendingRequest:
-    """A request sent up whose response has not completed (for logs and replay)."""
-
-    method: str
-    path: str
-    host: str | None
-    request_id: str
-    started: float
-    replay: bytes | None
-    websocket_key: bytes | None
-    keep_alive: bool = True
-    bytes_in: int = 0
-    status: int = 0
-    bytes_out: int = 0
-    first_byte: float = 0.0
-    retried: bool = False
-
-
-class Upstream(asyncio.Protocol):
-    """The protocol of one tunnel stream; forwards everything to its client."""
-
-    __slots__ = ("client", "origin", "reader", "responded", "stream")
-
-    def __init__(self, client: ClientConnection, limits: object) -> None:
-        self.client = client
-        self.origin: str | None = None
-        self.reader = ResponseReader(limits)  # type: ignore[arg-type]
-        self.stream: TunnelStream | None = None
-        self.responded = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.stream = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        self.client._upstream_data(self, data)
-
-    def eof_received(self) -> bool:
-        self.client._upstream_eof(self)
-        return True
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.client._upstream_lost(self, exc)
-
-    def pause_writing(self) -> None:
-        self.client._pause_client_reading()
-
-    def resume_writing(self) -> None:
-        self.client._resume_client_reading()
 
 
 class ClientConnection(asyncio.Protocol):
@@ -156,9 +104,9 @@ class ClientConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         worker = self.worker
-        peer = self._client_address or _address(transport.get_extra_info("peername"))
-        local = _address(transport.get_extra_info("sockname"))
-        self.metadata = _metadata(transport, peer, local, worker.edge_id)
+        peer = self._client_address or peer_address(transport.get_extra_info("peername"))
+        local = peer_address(transport.get_extra_info("sockname"))
+        self.metadata = stream_metadata(transport, peer, local, worker.edge_id)
         context = ClientContext(
             client_ip=peer[0] if peer else "0.0.0.0",
             client_port=peer[1] if peer else 0,
@@ -534,34 +482,6 @@ class ClientConnection(asyncio.Protocol):
             self._write(error_response(408))
         log.debug("closing %s: %s", _peer_text(self.metadata), reason)
         self._close()
-
-
-def _address(value: object) -> tuple[str, int] | None:
-    if isinstance(value, tuple) and len(value) >= 2:
-        return str(value[0]), int(value[1])
-    return None
-
-
-def _metadata(
-    transport: asyncio.BaseTransport,
-    peer: tuple[str, int] | None,
-    local: tuple[str, int] | None,
-    edge_id: str,
-) -> StreamMetadata:
-    ssl_object: ssl.SSLObject | None = transport.get_extra_info("ssl_object")
-    if ssl_object is None:
-        return StreamMetadata(client_address=peer, server_address=local, edge_id=edge_id)
-    cipher = ssl_object.cipher()
-    return StreamMetadata(
-        client_address=peer,
-        server_address=local,
-        server_name=getattr(ssl_object, "geoedge_server_name", None),
-        alpn=ssl_object.selected_alpn_protocol(),
-        tls_version=ssl_object.version(),
-        tls_cipher=cipher[0] if cipher else None,
-        edge_id=edge_id,
-        tls_resumed=ssl_object.session_reused,
-    )
 
 
 def _peer_text(metadata: StreamMetadata | None) -> str:

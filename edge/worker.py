@@ -22,8 +22,9 @@ from edge.config import EdgeConfig, ListenerConfig
 from edge.http1 import HttpLimits
 from edge.listener import is_trusted, serve_proxy_listener
 from edge.origins import OriginSet
-from edge.proxy import ClientConnection, PendingRequest
+from edge.proxy import ClientConnection
 from edge.tls import CertificateStore
+from edge.upstream import PendingRequest
 from tunnel.aio.stream import TunnelStream
 from tunnel.mux import StreamMetadata
 from tunnel.runtime.logs import AccessLog
