@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
 
-.PHONY: venv node test lint demo bench-tunnel bench-edge wan apt-base clean
+.PHONY: venv node test lint demo bench-tunnel bench-edge bench-tls-floor wan apt-base clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy) and the WAN emulator (iptables, libnetfilter-queue).
@@ -65,6 +65,9 @@ bench-tunnel: venv
 
 bench-edge: $(STAMPS)/py-load node
 	$(PY) -m loadtests.bench_edge
+
+bench-tls-floor: $(STAMPS)/py-load node
+	$(PY) -m loadtests.tls_floor
 
 wan: $(STAMPS)/py-load node
 	$(PY) -m loadtests.wan.run

@@ -1,0 +1,51 @@
+"""``make bench-tls-floor`` in a short run: the do-nothing TLS server, HAProxy and
+the geoedge chain all answer full handshakes, and the figures add up. It checks
+the harness (and that the floor server really serves TLS), not the figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import scaled
+from tests.edge_env import ROOT, node_available
+
+pytestmark = [
+    pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed"),
+    pytest.mark.skipif(
+        not os.access("/usr/sbin/haproxy", os.X_OK), reason="haproxy is not installed"
+    ),
+    pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs (servers, client)"),
+    pytest.mark.timeout(scaled(240)),
+]
+
+
+def test_short_run_measures_every_chain(tmp_path: Path) -> None:
+    output = tmp_path / "tls_floor.json"
+    argv = [sys.executable, "-m", "loadtests.tls_floor", "--rounds", "1", "--seconds", "1"]
+    done = subprocess.run(
+        [*argv, "--output", str(output)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=scaled(200),
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(output.read_text())
+    for chain in ("floor", "haproxy", "geoedge"):
+        (run,) = result["details"]["runs"][chain]
+        assert run["per_s"] > 0 and run["errors"] == 0, (chain, run)
+        assert run["server_cpu_us_per_connection"]["total"] > 0, (chain, run)
+    geoedge = result["details"]["runs"]["geoedge"][0]["server_cpu_us_per_connection"]
+    assert set(geoedge) == {"total", "edge", "origin", "node"}
+    assert result["floor_chain_us"] == pytest.approx(
+        result["floor_us"] + result["geoedge_origin_us"] + result["geoedge_node_us"], abs=0.2
+    )
+    assert result["budget_us"] == pytest.approx(result["haproxy_chain_us"] / 0.75, abs=0.2)
+    assert "floor + origin + Node" in done.stdout
