@@ -52,6 +52,7 @@ class EdgeWorker:
         self._servers: list[asyncio.Server] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._id_prefix = os.urandom(4).hex()
+        self._pid = os.getpid()  # a worker never forks again; getpid is a syscall
         self._id_counter = itertools.count(1)
         self.access_log = _open_access_log(config)
         self.tally = metrics.Tally()
@@ -225,7 +226,7 @@ class EdgeWorker:
             upstream_ms=upstream_ms,
             origin=getattr(upstream_protocol, "origin", None),
             request_id=request.request_id,
-            worker=os.getpid(),
+            worker=self._pid,
         )
 
 
