@@ -93,7 +93,12 @@ def start_floor(stack: Stack, port: int) -> subprocess.Popen[bytes]:
             cwd=edge_stack.ROOT,
             env={**os.environ, "PYTHONPATH": str(edge_stack.ROOT)},
         )
-    wait_port(port, time.monotonic() + 20, proc, log)
+    try:
+        wait_port(port, time.monotonic() + 20, proc, log)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
     return proc
 
 
