@@ -3,8 +3,8 @@
 A PROXY header arrives *before* the TLS ClientHello, so a PROXY listener cannot
 hand its socket straight to ``create_server(ssl=...)``. It accepts the socket
 itself, reads exactly the header with ``MSG_PEEK`` (so not one byte of the
-ClientHello is consumed), and then gives the socket to
-``connect_accepted_socket(ssl=...)``. Headers are accepted only from the
+ClientHello is consumed), and then starts the edge's TLS transport on it
+(:class:`edge.tls_transport.TlsServerTransport`). Headers are accepted only from the
 configured trusted CIDRs; a trusted peer without a header, or an untrusted one
 with a header, is refused with a logged reason (issue: "connections without the
 header from those peers, or with it from others, are refused").
@@ -24,6 +24,7 @@ import ssl
 from collections.abc import Callable
 
 from edge.config import ListenerConfig
+from edge.tls_transport import TlsServerTransport
 from tunnel.codecs.proxy import ProxyHeaderParser, ProxyProtocolError, looks_like_proxy_header
 
 log = logging.getLogger("geoedge.edge")
@@ -105,12 +106,7 @@ async def serve_proxy_listener(
             else:
                 async with asyncio.timeout(PROXY_HEADER_TIMEOUT_S):
                     client = await read_proxy_header(loop, conn) or peer
-            await loop.connect_accepted_socket(
-                lambda: factory(client, True),
-                conn,
-                ssl=ssl_context,
-                ssl_handshake_timeout=handshake_timeout_s,
-            )
+            TlsServerTransport(loop, conn, ssl_context, factory(client, True), handshake_timeout_s)
         except (PeerRefused, TimeoutError, OSError) as exc:
             reason = str(exc) or type(exc).__name__
             log.warning("refused connection from %s:%s: %s", peer[0], peer[1], reason)

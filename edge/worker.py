@@ -24,6 +24,7 @@ from edge.listener import is_trusted, serve_proxy_listener
 from edge.origins import OriginSet
 from edge.proxy import ClientConnection
 from edge.tls import CertificateStore
+from edge.tls_transport import TlsListener
 from edge.upstream import PendingRequest
 from tunnel.aio.stream import TunnelStream
 from tunnel.mux import StreamMetadata
@@ -50,6 +51,7 @@ class EdgeWorker:
         self.connections: set[ClientConnection] = set()
         self.draining = False
         self._servers: list[asyncio.Server] = []
+        self._listeners: list[TlsListener] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._id_prefix = os.urandom(4).hex()
         self._pid = os.getpid()  # a worker never forks again; getpid is a syscall
@@ -89,13 +91,14 @@ class EdgeWorker:
                     )
                 )
             else:
-                server = await loop.create_server(
-                    self._factory(listener),
-                    sock=sock,
-                    ssl=self.certificates.context,
-                    ssl_handshake_timeout=tls.handshake_timeout_s,
+                self._listeners.append(
+                    TlsListener(
+                        sock,
+                        self.certificates.context,
+                        self._factory(listener),
+                        tls.handshake_timeout_s,
+                    )
                 )
-                self._servers.append(server)
         self._tasks.append(asyncio.create_task(self._sweep()))
 
     def _factory(self, listener: ListenerConfig) -> Callable[[], ClientConnection]:
@@ -117,6 +120,8 @@ class EdgeWorker:
         self.draining = True
         for server in self._servers:
             server.close()
+        for tls_listener in self._listeners:
+            tls_listener.close()
         for task in self._tasks:
             task.cancel()
         for connection in list(self.connections):
