@@ -1,15 +1,16 @@
 """``make bench-tls-floor``: what a full handshake costs a Python TLS server that does nothing.
 
 ``make bench-edge`` asks for full handshakes at >= 0.75x HAProxy's rate. This
-benchmark measures how far that is from what Python can do at all, side by
-side in one run, every server on CPU 0 and the Go client (never resumes, one
+benchmark shows how the edge's cost splits between TLS itself and the rest,
+side by side in one run, every server on CPU 0 and the Go client (never resumes, one
 ``GET`` with ``Connection: close`` per connection) on CPU 1:
 
-- ``floor``: a uvloop TLS server with the edge's own ``SSLContext``
+- ``floor``: the edge's own TLS listener and transport
+  (:mod:`edge.tls_transport`) with its own ``SSLContext``
   (:class:`edge.tls.CertificateStore`: same certificate, ciphers, ALPN, SNI
-  callback, tickets) whose protocol answers a fixed ``200`` once the request
-  head is in and closes. No HTTP parsing, no tunnel, no origin, no backend: the
-  least any edge written on Python's ``ssl`` and uvloop pays per connection.
+  callback, tickets), on uvloop, whose protocol answers a fixed ``200`` once
+  the request head is in and closes. No HTTP parsing, no tunnel, no origin, no
+  backend: the least the edge can pay per connection.
 - ``haproxy``: HAProxy 2.6 terminating TLS and proxying to Node.js (its CPU
   plus Node's), as in ``make bench-edge``.
 - ``geoedge``: edge -> tunnel -> origin -> Node.js (all three), as there.
@@ -42,7 +43,9 @@ from typing import Any
 import uvloop
 
 from edge.config import CertificateConfig, TlsConfig
+from edge.listener import bind_listener
 from edge.tls import CertificateStore
+from edge.tls_transport import TlsListener
 from loadtests import edge_stack
 from loadtests.bench_edge import client_prefix, preflight, prepare_process
 from loadtests.edge_stack import CLIENT_CPU, Stack, free_port, pinned, tree_cpu_seconds, wait_port
@@ -74,10 +77,9 @@ class FixedAnswer(asyncio.Protocol):
 
 async def serve(port: int, cert: Path, key: Path) -> None:
     store = CertificateStore(TlsConfig(certificates=(CertificateConfig(cert=cert, key=key),)))
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(FixedAnswer, "127.0.0.1", port, ssl=store.context)
-    async with server:
-        await server.serve_forever()
+    sock = bind_listener(("127.0.0.1", port))
+    TlsListener(sock, store.context, FixedAnswer, handshake_timeout_s=10.0)
+    await asyncio.Event().wait()
 
 
 def start_floor(stack: Stack, port: int) -> subprocess.Popen[bytes]:
