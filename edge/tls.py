@@ -78,7 +78,11 @@ class CertificateStore:
         context.maximum_version = _VERSIONS[config.max_version]
         context.set_ciphers(config.ciphers)
         context.set_alpn_protocols(["http/1.1"])
-        context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+        # No client-initiated renegotiation (TLS 1.2): a CPU sink for the peer,
+        # and HAProxy and nginx refuse it too.
+        context.options |= (
+            ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE | ssl.OP_NO_RENEGOTIATION
+        )
         if not config.session_tickets:
             context.options |= ssl.OP_NO_TICKET
         return context

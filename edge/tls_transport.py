@@ -149,6 +149,10 @@ class TlsServerTransport(asyncio.Transport):
     def _on_readable(self) -> None:
         state = self._state
         if state == _OPEN:
+            if self._wbuf and not self._writer:
+                self._on_writable()  # a write that waited for the peer's bytes
+                if self._state != _OPEN:
+                    return
             self._read()
         elif state == _HANDSHAKE:
             self._handshake()
@@ -211,8 +215,10 @@ class TlsServerTransport(asyncio.Transport):
             try:
                 self._tls.write(self._wbuf[0])
             except ssl.SSLWantWriteError:
+                self._want_write()
                 return
-            except ssl.SSLWantReadError:
+            except ssl.SSLWantReadError:  # retried when the socket is readable
+                self._stop_writer()
                 return
             except (ssl.SSLError, OSError) as exc:
                 self._close_socket(exc)
@@ -242,13 +248,12 @@ class TlsServerTransport(asyncio.Transport):
                 self._tls.write(data)
                 return
             except ssl.SSLWantWriteError:
-                pass
+                self._want_write()
             except ssl.SSLWantReadError:
-                pass
+                pass  # retried when the socket is readable (_on_readable)
             except (ssl.SSLError, OSError) as exc:
                 self._close_socket(exc)
                 return
-            self._want_write()
         chunk = bytes(data)
         self._wbuf.append(chunk)
         self._buffered += len(chunk)
@@ -430,16 +435,20 @@ class TlsListener:
                 if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
                     continue
                 raise
-            conn.setblocking(False)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            TlsServerTransport(
-                loop,
-                conn,
-                self._context,
-                self._factory(),
-                self._handshake_timeout_s,
-                self._linger_s,
-            )
+            try:
+                conn.setblocking(False)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                TlsServerTransport(
+                    loop,
+                    conn,
+                    self._context,
+                    self._factory(),
+                    self._handshake_timeout_s,
+                    self._linger_s,
+                )
+            except OSError as exc:  # reset before we got to it: only this one is lost
+                log.debug("connection lost while being set up: %s", exc)
+                conn.close()
 
     def _resume_accepting(self) -> None:
         self._resume = None
