@@ -6,7 +6,7 @@ why). Every client connection's handshake and every request pass through
 here. With uvloop's ``SSLProtocol`` (memory BIOs, a copy of every byte in and
 out, an exception at the end of every read, a close_notify exchange driven
 through both) the edge used 760 µs of CPU per short connection in
-``make bench-edge`` (full handshake, one request, close); with this transport,
+``make bench-edge`` (full handshake, one request, close; one run); with this transport,
 443 µs. It also takes up to :data:`ACCEPT_BATCH` connections per wake-up and
 runs each handshake at once (the ClientHello is usually in already), so more
 work lands in one loop iteration and one tunnel write carries the frames of
