@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import ipaddress
 import logging
 import socket
@@ -24,7 +23,7 @@ import ssl
 from collections.abc import Callable
 
 from edge.config import ListenerConfig
-from edge.tls_transport import TlsServerTransport
+from edge.tls_transport import ACCEPT_PAUSE_S, ACCEPT_RESOURCE_ERRNOS, TlsServerTransport
 from tunnel.codecs.proxy import ProxyHeaderParser, ProxyProtocolError, looks_like_proxy_header
 
 log = logging.getLogger("geoedge.edge")
@@ -117,9 +116,9 @@ async def serve_proxy_listener(
         try:
             conn, peer = await loop.sock_accept(sock)
         except OSError as exc:
-            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+            if exc.errno in ACCEPT_RESOURCE_ERRNOS:
                 log.error("accept failed (%s); pausing accepts for 100 ms", exc)
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(ACCEPT_PAUSE_S)
                 continue
             raise
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -64,6 +64,10 @@ WRITE_HIGH_WATER = 64 * 1024
 WRITE_LOW_WATER = 16 * 1024
 #: How long a closed connection waits for the client to close its side.
 LINGER_S = 5.0
+#: accept() failures that mean "out of descriptors or memory": pause accepting
+#: for ACCEPT_PAUSE_S instead of dying (as trio does), so the rest carries on.
+ACCEPT_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ACCEPT_PAUSE_S = 0.1
 
 _HANDSHAKE, _OPEN, _LINGER, _CLOSED = range(4)
 
@@ -427,10 +431,10 @@ class TlsListener:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                if exc.errno in ACCEPT_RESOURCE_ERRNOS:
                     log.error("accept failed (%s); pausing accepts for 100 ms", exc)
                     loop.remove_reader(sock.fileno())
-                    self._resume = loop.call_later(0.1, self._resume_accepting)
+                    self._resume = loop.call_later(ACCEPT_PAUSE_S, self._resume_accepting)
                     return
                 if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
                     continue
