@@ -27,10 +27,19 @@ How it works:
 - Writes go straight to ``SSL_write``; what the socket cannot take is kept and
   retried on writability (OpenSSL allows the retry from a moved buffer), with
   ``pause_writing``/``resume_writing`` around :data:`WRITE_HIGH_WATER`.
-- ``close()`` flushes, sends close_notify, and then reads and discards until
-  the client closes or :data:`LINGER_S` passes (nginx's lingering close):
-  closing at once with unread client bytes would make the kernel answer with
-  a reset that can destroy the response in flight.
+- ``close()`` keeps the asyncio contract: everything written before the
+  transport is done closing (also what the protocol writes from
+  ``resume_writing``) is sent first. Then close_notify, retried on writability
+  if the socket is full, and then the lingering close (nginx's): read and
+  discard until the client closes or :data:`LINGER_S` passes, longer while the
+  kernel still holds unacknowledged response bytes. Closing at once with
+  unread client bytes would make the kernel answer with a reset that can
+  destroy the response in flight.
+- A client that stops reading cannot hold a connection forever: no write
+  progress for ``send_timeout_s`` aborts it (nginx's ``send_timeout``).
+- :attr:`bytes_sent` counts the plaintext OpenSSL handed to the kernel, which
+  is what the access log reports: bytes still queued here when the
+  connection dies never reached the client.
 - The SNI callback gets this transport as its ``ssl_object``: it carries the
   attribute and the ``context`` setter :mod:`edge.tls` uses, and
   ``get_extra_info("ssl_object")`` returns it with the ``SSLObject`` methods
@@ -47,9 +56,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
+import fcntl
 import logging
 import socket
 import ssl
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -62,14 +73,29 @@ READ_BYTES = 256 * 1024
 #: Buffered plaintext above which the protocol is asked to pause writing.
 WRITE_HIGH_WATER = 64 * 1024
 WRITE_LOW_WATER = 16 * 1024
-#: How long a closed connection waits for the client to close its side.
+#: How long a closed connection waits for the client to close its side once the
+#: kernel has sent everything (see :meth:`TlsServerTransport._linger_expired`).
 LINGER_S = 5.0
+#: Without write progress for this long, a connection is aborted.
+SEND_TIMEOUT_S = 60.0
 #: accept() failures that mean "out of descriptors or memory": pause accepting
 #: for ACCEPT_PAUSE_S instead of dying (as trio does), so the rest carries on.
 ACCEPT_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 ACCEPT_PAUSE_S = 0.1
 
-_HANDSHAKE, _OPEN, _LINGER, _CLOSED = range(4)
+# States. _OPEN carries application data; once close() is called and the queue is
+# empty, _SHUTDOWN sends close_notify (it may wait for writability), _LINGER
+# discards what the client still sends, _CLOSED has released the socket.
+_HANDSHAKE, _OPEN, _SHUTDOWN, _LINGER, _CLOSED = range(5)
+
+_SIOCOUTQ = 0x5411  # Linux TIOCOUTQ: octets in the send queue not yet acknowledged
+
+
+def _unacknowledged(sock: socket.socket) -> int:
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0"))[0]  # type: ignore[no-any-return]
+    except OSError:
+        return 0
 
 
 class TlsServerTransport(asyncio.Transport):
@@ -81,16 +107,20 @@ class TlsServerTransport(asyncio.Transport):
         "_closing",
         "_fd",
         "_linger_s",
+        "_lingered_s",
         "_loop",
         "_paused_writing",
         "_peer",
         "_protocol",
         "_reading",
+        "_send_timeout_s",
+        "_sent",
         "_sock",
         "_state",
         "_timer",
         "_tls",
         "_wbuf",
+        "_write_progress",
         "_writer",
         "geoedge_server_name",
     )
@@ -103,9 +133,14 @@ class TlsServerTransport(asyncio.Transport):
         protocol: asyncio.Protocol,
         handshake_timeout_s: float,
         linger_s: float = LINGER_S,
+        send_timeout_s: float = SEND_TIMEOUT_S,
     ) -> None:
         self._loop = loop
         self._linger_s = linger_s
+        self._lingered_s = 0.0
+        self._send_timeout_s = send_timeout_s
+        self._sent = 0
+        self._write_progress = 0.0
         self._sock = sock
         self._fd = sock.fileno()
         self._protocol = protocol
@@ -160,7 +195,7 @@ class TlsServerTransport(asyncio.Transport):
             self._read()
         elif state == _HANDSHAKE:
             self._handshake()
-        elif state == _LINGER:
+        elif state != _CLOSED:  # _SHUTDOWN, _LINGER: the client's bytes are discarded
             self._drain_lingering()
 
     def _handshake(self) -> None:
@@ -209,33 +244,71 @@ class TlsServerTransport(asyncio.Transport):
         if not self._writer:
             self._writer = True
             self._loop.add_writer(self._fd, self._on_writable)
+        if self._state != _HANDSHAKE:
+            self._arm_send_timer()
+
+    def _arm_send_timer(self) -> None:
+        """Data waits for the client (writability, or its bytes): time it."""
+        if self._timer is None:
+            self._write_progress = self._loop.time()
+            self._timer = self._loop.call_later(self._send_timeout_s, self._send_stalled)
 
     def _on_writable(self) -> None:
-        if self._state == _HANDSHAKE:
+        state = self._state
+        if state == _HANDSHAKE:
             self._stop_writer()
             self._handshake()
             return
-        while self._wbuf:
+        if state == _SHUTDOWN:
+            self._stop_writer()
+            self._shutdown()
+            return
+        if not self._flush():
+            return
+        self._stop_writer()
+        self._cancel_timer()
+        if self._paused_writing:
+            self._paused_writing = False
+            self._protocol.resume_writing()  # may write more, or close
+            if self._state != _OPEN or self._wbuf:
+                return  # what it wrote is queued and retried like the rest
+        if self._closing:
+            self._shutdown()
+        elif self._reading:
+            self._read()  # a read may have been waiting on this write
+
+    def _flush(self) -> bool:
+        """Write the queue; True once it is empty, False while it waits for
+        readiness (armed) or when the connection failed."""
+        tls, wbuf = self._tls, self._wbuf
+        while wbuf:
             try:
-                self._tls.write(self._wbuf[0])
+                tls.write(wbuf[0])
             except ssl.SSLWantWriteError:
                 self._want_write()
-                return
+                return False
             except ssl.SSLWantReadError:  # retried when the socket is readable
                 self._stop_writer()
-                return
+                self._arm_send_timer()
+                return False
             except (ssl.SSLError, OSError) as exc:
                 self._close_socket(exc)
-                return
-            self._buffered -= len(self._wbuf.popleft())
-        self._stop_writer()
-        if self._paused_writing and self._buffered <= WRITE_LOW_WATER:
-            self._paused_writing = False
-            self._protocol.resume_writing()
-        if self._closing and self._state == _OPEN:
-            self._shutdown()
-        elif self._state == _OPEN and self._reading:
-            self._read()  # a read may have been waiting on this write
+                return False
+            size = len(wbuf.popleft())
+            self._buffered -= size
+            self._sent += size
+            self._write_progress = self._loop.time()
+        return True
+
+    def _send_stalled(self) -> None:
+        """The send timer: abort when nothing was written for ``send_timeout_s``."""
+        self._timer = None
+        idle = self._loop.time() - self._write_progress
+        if idle < self._send_timeout_s:
+            self._timer = self._loop.call_later(self._send_timeout_s - idle, self._send_stalled)
+            return
+        log.debug("no write progress to %s for %.0f s", self._peername(), idle)
+        self._close_socket(TimeoutError("client stopped reading"))
 
     def _stop_writer(self) -> None:
         if self._writer:
@@ -245,16 +318,23 @@ class TlsServerTransport(asyncio.Transport):
     # -- asyncio.Transport -------------------------------------------------------------
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self._closing or self._state != _OPEN or not data:
+        # After close() too, as asyncio's transports: what is written before the
+        # close_notify goes out is sent before it.
+        if not data:
+            return
+        if self._state != _OPEN:
+            if self._state != _CLOSED:
+                log.debug("%d octets written after close_notify, dropped", len(data))
             return
         if not self._wbuf:
             try:
                 self._tls.write(data)
+                self._sent += len(data)
                 return
             except ssl.SSLWantWriteError:
                 self._want_write()
-            except ssl.SSLWantReadError:
-                pass  # retried when the socket is readable (_on_readable)
+            except ssl.SSLWantReadError:  # retried when the socket is readable (_on_readable)
+                self._arm_send_timer()
             except (ssl.SSLError, OSError) as exc:
                 self._close_socket(exc)
                 return
@@ -269,6 +349,7 @@ class TlsServerTransport(asyncio.Transport):
         self.write(b"".join(list_of_data))
 
     def close(self) -> None:
+        """Send what is queued, then close_notify, then linger (module docstring)."""
         if self._closing:
             return
         self._closing = True
@@ -276,6 +357,7 @@ class TlsServerTransport(asyncio.Transport):
             self._close_socket(None, notify=False)
         elif self._state == _OPEN and not self._wbuf:
             self._shutdown()
+        # else: _on_writable shuts down once the queue is empty
 
     def abort(self) -> None:
         self._closing = True
@@ -302,7 +384,12 @@ class TlsServerTransport(asyncio.Transport):
         return self._reading and self._state == _OPEN
 
     def get_write_buffer_size(self) -> int:
-        return self._buffered
+        return self._buffered if self._state != _CLOSED else 0
+
+    @property
+    def bytes_sent(self) -> int:
+        """Plaintext octets handed to the kernel so far (what the client was sent)."""
+        return self._sent
 
     def get_write_buffer_limits(self) -> tuple[int, int]:
         return WRITE_LOW_WATER, WRITE_HIGH_WATER
@@ -341,21 +428,33 @@ class TlsServerTransport(asyncio.Transport):
     # -- closing -----------------------------------------------------------------------
 
     def _shutdown(self) -> None:
-        """close_notify, then linger until the client closes (or LINGER_S).
+        """Send close_notify (the queue is empty), then linger.
 
         No TCP half-close before the client's answer: a FIN right behind the
         close_notify made uvloop's own TLS client drop the tail of a large
         response it had not read yet (it passed the FIN on before the buffered
         plaintext); uvloop's server never sent one early either."""
+        if self._state == _OPEN:
+            self._state = _SHUTDOWN
+            if not self._reading:  # from now on client bytes are discarded
+                self._loop.add_reader(self._fd, self._on_readable)
         try:
             self._tls.shutdown()
-        except (ssl.SSLError, OSError, ValueError):
-            pass  # "want read": the client's close_notify is not awaited
-        self._state = _LINGER
+        except ssl.SSLWantWriteError:  # the socket is full: retried on writability
+            self._want_write()
+            return
+        except ssl.SSLWantReadError:
+            pass  # close_notify is out; the client's is not awaited
+        except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+            self._close_socket(None)  # the client has closed already
+            return
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            self._close_socket(exc if isinstance(exc, OSError) else None)
+            return
         self._stop_writer()
-        if not self._reading:
-            self._loop.add_reader(self._fd, self._on_readable)
-        self._timer = self._loop.call_later(self._linger_s, self._close_socket, None)
+        self._cancel_timer()
+        self._state = _LINGER
+        self._timer = self._loop.call_later(self._linger_s, self._linger_expired)
 
     def _drain_lingering(self) -> None:
         try:
@@ -366,6 +465,18 @@ class TlsServerTransport(asyncio.Transport):
             data = b""
         if not data:
             self._close_socket(None)
+
+    def _linger_expired(self) -> None:
+        """Close, unless the kernel still holds response bytes the client has not
+        acknowledged: a slow link may need longer than ``linger_s`` to take what
+        was written, and a reset caused by a late client byte would destroy it.
+        Bounded by the send timeout."""
+        self._timer = None
+        self._lingered_s += self._linger_s
+        if self._lingered_s < self._send_timeout_s and _unacknowledged(self._sock) > 0:
+            self._timer = self._loop.call_later(self._linger_s, self._linger_expired)
+            return
+        self._close_socket(None)
 
     def _timed_out(self) -> None:
         self._timer = None
@@ -382,6 +493,7 @@ class TlsServerTransport(asyncio.Transport):
         self._loop.remove_reader(self._fd)
         self._stop_writer()
         self._wbuf.clear()
+        self._buffered = 0
         self._sock.close()
         if notify and was_open:
             self._loop.call_soon(self._protocol.connection_lost, exc)
@@ -411,9 +523,11 @@ class TlsListener:
         factory: Callable[[], asyncio.Protocol],
         handshake_timeout_s: float,
         linger_s: float = LINGER_S,
+        send_timeout_s: float = SEND_TIMEOUT_S,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._linger_s = linger_s
+        self._send_timeout_s = send_timeout_s
         self._sock = sock
         self._context = context
         self._factory = factory
@@ -449,6 +563,7 @@ class TlsListener:
                     self._factory(),
                     self._handshake_timeout_s,
                     self._linger_s,
+                    self._send_timeout_s,
                 )
             except OSError as exc:  # reset before we got to it: only this one is lost
                 log.debug("connection lost while being set up: %s", exc)

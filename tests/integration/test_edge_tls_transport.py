@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import socket
 import ssl
 import time
 from collections.abc import Callable
+
+import pytest
 
 from edge.tls_transport import WRITE_HIGH_WATER, TlsListener
 from tests.conftest import PkiFiles, run_async
@@ -243,6 +246,138 @@ def test_a_client_that_never_closes_is_cut_after_the_linger_time(test_pki: PkiFi
         sock.close()
 
     run_async(main(), 20)
+
+
+class Pump(asyncio.Protocol):
+    """Sends ``body`` the way the edge relays a response: a piece at a time while
+    the transport is not paused, the rest from ``resume_writing``, and ``close()``
+    right after the last piece (a ``Connection: close`` response)."""
+
+    PIECE = 16 * 1024
+
+    def __init__(self, body: bytes, sndbuf: int = 0) -> None:
+        self.body = body
+        self.sndbuf = sndbuf
+        self.offset = 0
+        self.paused = False
+        self.transport: asyncio.Transport | None = None
+        self.lost = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        if self.sndbuf:  # a small send buffer: the socket fills as a long link's does
+            sock = transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.sndbuf)
+
+    def data_received(self, data: bytes) -> None:
+        if self.offset == 0:
+            self.pump()
+
+    def pump(self) -> None:
+        assert self.transport is not None
+        while not self.paused and self.offset < len(self.body):
+            self.transport.write(self.body[self.offset : self.offset + self.PIECE])
+            self.offset += self.PIECE
+        if self.offset >= len(self.body):
+            self.transport.close()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self.pump()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost.set_result(exc)
+
+
+def read_to_close_notify(
+    port: int, test_pki: PkiFiles, version: ssl.TLSVersion, pause_s: float
+) -> tuple[bytes, str]:
+    """A blocking ``ssl`` client (as in the issue) that reads until the connection
+    ends; how it ended: "close_notify", or the error of a ragged end."""
+    context = client_context(test_pki)
+    context.minimum_version = context.maximum_version = version
+    raw = socket.create_connection(("127.0.0.1", port), timeout=30)
+    with context.wrap_socket(raw, server_hostname="localhost", suppress_ragged_eofs=False) as tls:
+        tls.sendall(b"go")
+        received = bytearray()
+        while True:
+            if pause_s:
+                time.sleep(pause_s)
+            try:
+                chunk = tls.recv(65536)
+            except (ssl.SSLError, OSError) as exc:
+                return bytes(received), f"{type(exc).__name__}: {exc}"
+            if not chunk:
+                return bytes(received), "close_notify"
+            received += chunk
+
+
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3])
+@pytest.mark.parametrize("pause_s", [0.0, 0.002])
+def test_a_close_made_from_resume_writing_comes_after_the_last_byte(
+    test_pki: PkiFiles, version: ssl.TLSVersion, pause_s: float
+) -> None:
+    """The truncation behind ``Connection: close`` responses over a long link: the
+    protocol's ``close()`` from inside ``resume_writing`` used to shut down with the
+    last pieces still queued, and the linger timer dropped them with a ragged end."""
+    body = os.urandom(768 * 1024)
+
+    async def main() -> None:
+        pumps: list[Pump] = []
+        sock = listening_socket()
+
+        def factory() -> Pump:
+            pumps.append(Pump(body, sndbuf=32 * 1024))
+            return pumps[-1]
+
+        listener = TlsListener(sock, server_context(test_pki), factory, 5.0)
+        loop = asyncio.get_running_loop()
+        port = sock.getsockname()[1]
+        for _ in range(3):
+            started = time.monotonic()
+            received, ending = await loop.run_in_executor(
+                None, read_to_close_notify, port, test_pki, version, pause_s
+            )
+            assert (len(received), ending) == (len(body), "close_notify")
+            assert hashlib.sha256(received).digest() == hashlib.sha256(body).digest()
+            assert time.monotonic() - started < 4  # not released by the linger timer
+            assert await asyncio.wait_for(pumps[-1].lost, 10) is None
+            assert pumps[-1].transport.bytes_sent == len(body)  # type: ignore[union-attr]
+        listener.close()
+        sock.close()
+
+    run_async(main(), 90)
+
+
+def test_a_client_that_stops_reading_is_cut_after_the_send_timeout(test_pki: PkiFiles) -> None:
+    body = os.urandom(16 * 1024 * 1024)
+
+    async def main() -> None:
+        pumps: list[Pump] = []
+        sock = listening_socket()
+
+        def factory() -> Pump:
+            pumps.append(Pump(body))
+            return pumps[-1]
+
+        listener = TlsListener(sock, server_context(test_pki), factory, 5.0, send_timeout_s=0.5)
+        _, writer = await asyncio.open_connection(
+            *sock.getsockname(), ssl=client_context(test_pki), server_hostname="localhost"
+        )
+        writer.transport.pause_reading()  # type: ignore[attr-defined]
+        writer.write(b"go")
+        exc = await asyncio.wait_for(pumps[0].lost, 10)
+        assert isinstance(exc, TimeoutError)
+        sent = pumps[0].transport.bytes_sent  # type: ignore[union-attr]
+        assert 0 < sent < len(body)  # what the kernel took, not what was queued
+        writer.close()
+        listener.close()
+        sock.close()
+
+    run_async(main(), 30)
 
 
 def collecting(protocols: list[Recorder]) -> Callable[[], Recorder]:
