@@ -13,6 +13,7 @@ import pytest
 
 from tunnel.runtime.logs import (
     AccessLog,
+    LogThrottle,
     configure_logging,
     debug_enabled,
     log_event,
@@ -253,3 +254,22 @@ def test_access_log_refuses_use_after_close(tmp_path: Path) -> None:
     access.reopen()  # a SIGHUP racing shutdown is harmless
     with pytest.raises(ValueError, match="closed"):
         access.log(**REQUEST)
+
+
+def test_log_throttle_lets_a_burst_through_then_counts_what_it_suppressed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [100.0]
+    logger = logging.getLogger("geoedge.test.throttle")
+    throttle = LogThrottle(logger, window_s=10.0, burst=3, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="geoedge.test.throttle"):
+        logged = [throttle.warning("upstream failure for %s", f"10.0.0.{i}") for i in range(50)]
+        assert logged == [True] * 3 + [False] * 47
+        throttle.warning("another template %s", 1)  # keyed by template: its own budget
+        now[0] += 10.0
+        assert throttle.warning("upstream failure for %s", "10.0.0.99")
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[:3] == [f"upstream failure for 10.0.0.{i}" for i in range(3)]
+    assert messages[3] == "another template 1"
+    assert messages[4] == "upstream failure for 10.0.0.99 (47 similar suppressed)"
+    assert len(messages) == 5
