@@ -101,6 +101,12 @@ class HttpConfig:
     """Idle keep-alive connections are closed after this."""
     websocket_idle_timeout_s: float = 3600.0
     """Upgraded connections with no traffic either way are closed after this."""
+    tunnel_wait_s: float = 5.0
+    """How long a request waits for a tunnel that is (re)connecting before it is
+    answered 503; the client's reading is paused meanwhile."""
+    send_timeout_s: float = 60.0
+    """A client that takes nothing of what is sent to it for this long is cut
+    (nginx's ``send_timeout``)."""
     limits: HttpLimits = field(default_factory=HttpLimits)
     access_log: str = "-"
     """File for JSON access-log lines; ``-`` is stdout, empty disables it."""

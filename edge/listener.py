@@ -23,7 +23,13 @@ import ssl
 from collections.abc import Callable
 
 from edge.config import ListenerConfig
-from edge.tls_transport import ACCEPT_PAUSE_S, ACCEPT_RESOURCE_ERRNOS, TlsServerTransport
+from edge.tls_transport import (
+    ACCEPT_PAUSE_S,
+    ACCEPT_RESOURCE_ERRNOS,
+    LINGER_S,
+    SEND_TIMEOUT_S,
+    TlsServerTransport,
+)
 from tunnel.codecs.proxy import ProxyHeaderParser, ProxyProtocolError, looks_like_proxy_header
 
 log = logging.getLogger("geoedge.edge")
@@ -87,6 +93,7 @@ async def serve_proxy_listener(
     handshake_timeout_s: float,
     factory: Callable[[tuple[str, int] | None, bool], asyncio.Protocol],
     on_refused: Callable[[str], None],
+    send_timeout_s: float = SEND_TIMEOUT_S,
 ) -> None:
     """Accept loop of a listener behind a PROXY-protocol load balancer."""
     loop = asyncio.get_running_loop()
@@ -105,7 +112,15 @@ async def serve_proxy_listener(
             else:
                 async with asyncio.timeout(PROXY_HEADER_TIMEOUT_S):
                     client = await read_proxy_header(loop, conn) or peer
-            TlsServerTransport(loop, conn, ssl_context, factory(client, True), handshake_timeout_s)
+            TlsServerTransport(
+                loop,
+                conn,
+                ssl_context,
+                factory(client, True),
+                handshake_timeout_s,
+                LINGER_S,
+                send_timeout_s,
+            )
         except (PeerRefused, TimeoutError, OSError) as exc:
             reason = str(exc) or type(exc).__name__
             log.warning("refused connection from %s:%s: %s", peer[0], peer[1], reason)

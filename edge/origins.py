@@ -13,6 +13,7 @@ import asyncio
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from edge.config import OriginConfig
 from tunnel.aio.pool import NoTunnelAvailable, PoolStatistics, TunnelPool
@@ -47,12 +48,22 @@ def choose_origin(candidates: Sequence[OriginCandidate], rng: random.Random) -> 
     return rng.choices([c.name for c in usable], weights=[c.weight for c in usable])[0]
 
 
+#: Requests one worker lets wait for a tunnel; past it they are answered at once.
+MAX_TUNNEL_WAITERS = 10_000
+
+
+class TunnelWaiter(Protocol):
+    def tunnel_ready(self) -> None: ...
+
+
 class OriginSet:
-    """One :class:`TunnelPool` per configured origin."""
+    """One :class:`TunnelPool` per configured origin, and the requests waiting
+    for any of them to have a usable connection."""
 
     def __init__(self, origins: Sequence[OriginConfig], session_config: SessionConfig) -> None:
         self._configs = {o.name: o for o in origins}
         self._rng = random.Random()
+        self._waiters: dict[TunnelWaiter, None] = {}  # insertion-ordered: first come, first served
         self.pools: dict[str, TunnelPool] = {}
         for origin in origins:
             dial_config = origin.tunnel
@@ -68,6 +79,7 @@ class OriginSet:
                 dial,  # type: ignore[arg-type]
                 size=dial_config.connections,
                 backoff=Backoff(dial_config.backoff_base_s, dial_config.backoff_cap_s),
+                on_usable=self._tunnel_usable,
             )
 
     def start(self) -> None:
@@ -92,6 +104,22 @@ class OriginSet:
         if name is None:
             raise NoTunnelAvailable("no usable tunnel to any origin")
         return name, self.pools[name].open_stream(metadata, factory)
+
+    def wait_for_tunnel(self, waiter: TunnelWaiter) -> bool:
+        """Call ``waiter.tunnel_ready()`` when a tunnel connection becomes usable;
+        False when too many are waiting already."""
+        if len(self._waiters) >= MAX_TUNNEL_WAITERS and waiter not in self._waiters:
+            return False
+        self._waiters[waiter] = None
+        return True
+
+    def stop_waiting(self, waiter: TunnelWaiter) -> None:
+        self._waiters.pop(waiter, None)
+
+    def _tunnel_usable(self) -> None:
+        waiters, self._waiters = self._waiters, {}
+        for waiter in waiters:
+            waiter.tunnel_ready()
 
     @property
     def any_usable(self) -> bool:

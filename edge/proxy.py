@@ -20,6 +20,18 @@ yet) is replayed once on a fresh stream; anything else gets a real 502.
 Backpressure both ways: a full client socket pauses the stream's reading
 (its credit stops flowing, so the origin stops sending); a stream above its
 high-water mark pauses reading from the client.
+
+Faults are decided per request, by what the client has been sent of it: a
+stream that breaks before any of its response went out gets a replay (a
+bodiless idempotent request, once) or a real 502/503; after that the only
+honest signal is closing the connection, and the access log says it was the
+upstream's doing (``outcome``). A request that finds no usable tunnel waits
+for one that is connecting, up to ``http.tunnel_wait_s``, with the client's
+reading paused, then gets a 503.
+
+The access log counts what the client was sent: a request is logged once its
+last octet is in the kernel (:meth:`TlsServerTransport.call_when_flushed`), or
+when the connection dies, with the octets that got out.
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from edge.http1 import (
     BackendClosed,
@@ -55,15 +67,14 @@ from tunnel.aio.stream import StreamResetError
 from tunnel.mux import ErrorCode, StreamMetadata
 from tunnel.mux.errors import MuxError
 from tunnel.mux.metadata import encode_request_fields
+from tunnel.runtime.logs import LogThrottle
 
 if TYPE_CHECKING:
     from edge.config import RedirectListenerConfig
     from edge.worker import EdgeWorker
 
 log = logging.getLogger("geoedge.edge")
-
-#: Stream resets that mean "nothing reached a backend": safe to replay.
-_NOT_PROCESSED = frozenset({ErrorCode.REFUSED_STREAM, ErrorCode.CONNECT_FAILED})
+throttled = LogThrottle(log)
 
 _HEAD, _IDLE, _BUSY, _TUNNEL = "head", "idle", "busy", "tunnel"
 
@@ -98,6 +109,10 @@ class ClientConnection(asyncio.Protocol):
         self._reject_after: bytes | None = None
         self._client_eof = False
         self._batch: list[bytes] | None = None
+        self._queued = 0  # octets written to the client transport, ever
+        self._unflushed: deque[PendingRequest] = deque()  # complete, not yet in the kernel
+        self._held_events: list[Any] | None = None  # waiting for a tunnel (from a head on)
+        self._tunnel_wait: asyncio.TimerHandle | None = None
 
     # -- client side ------------------------------------------------------------
 
@@ -132,9 +147,15 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
+        self._stop_waiting_for_tunnel()
         upstream, self.upstream = self.upstream, None
         if upstream is not None and upstream.stream is not None:
             upstream.stream.abort(self._stream_end_code(upstream))
+        self._settle(final=True)
+        for request in self.pending:  # the client left before its response was sent
+            request.outcome = "client_closed"
+            self.worker.log_request(self, request, sent=self._sent_for(request))
+        self.pending.clear()
         self.worker.connection_closed(self)
 
     def pause_writing(self) -> None:
@@ -158,7 +179,13 @@ class ClientConnection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def _dispatch_requests(self, events: list) -> None:
-        for event in events:
+        if self._held_events is not None:  # waiting for a tunnel: keep the order
+            self._held_events.extend(events)
+            return
+        for index, event in enumerate(events):
+            if self._held_events is not None:
+                self._held_events.extend(events[index:])
+                return
             kind = type(event)
             if kind is RequestBodyReceived or kind is TunnelBytes:
                 self._send_up(event.data)
@@ -190,7 +217,7 @@ class ClientConnection(asyncio.Protocol):
             keep_alive=head.keep_alive,
         )
         if self.upstream is None and not self._open_stream(head.host, head.request_id):
-            self._answer_and_close(request, 503 if worker.draining else 502, "no usable tunnel")
+            self._wait_for_tunnel(head)
             return
         self.pending.append(request)
         self.upstream.reader.expect(head.method, request.websocket_key)  # type: ignore[union-attr]
@@ -215,11 +242,69 @@ class ClientConnection(asyncio.Protocol):
         try:
             self.worker.open_stream(metadata, lambda: upstream)
         except (ConnectionError, MuxError) as exc:
-            log.warning("no tunnel for %s: %s", _peer_text(self.metadata), exc)
-            self.worker.count_error("no_tunnel")
+            log.debug("no tunnel for %s: %s", _peer_text(self.metadata), exc)
             return False
         self.upstream = upstream
         return True
+
+    # -- waiting for a tunnel ------------------------------------------------------
+
+    def _wait_for_tunnel(self, head: RequestHeadReceived) -> None:
+        """No usable tunnel: hold this request and everything after it, stop
+        reading the client, and retry when a tunnel comes up (or 503 at the
+        bound). The head is re-dispatched as it came."""
+        worker = self.worker
+        self._held_events = [head]
+        self._pause_client_reading()
+        if self._tunnel_wait is None:  # the bound runs from the first wait
+            if worker.draining or not worker.wait_for_tunnel(self):
+                self._no_tunnel(head)
+                return
+            self._tunnel_wait = asyncio.get_running_loop().call_later(
+                worker.config.http.tunnel_wait_s, self._tunnel_wait_expired
+            )
+        elif not worker.wait_for_tunnel(self):
+            self._no_tunnel(head)
+
+    def tunnel_ready(self) -> None:
+        """Called by the worker when a tunnel connection became usable."""
+        events, self._held_events = self._held_events, None
+        if events is None or self._closing:
+            return
+        self._dispatch_requests(events)
+        if self._held_events is None:  # every held event went up (or was answered)
+            self._stop_waiting_for_tunnel()
+            self._resume_client_reading()
+        self._update_state()
+
+    def _tunnel_wait_expired(self) -> None:
+        self._tunnel_wait = None
+        events = self._held_events
+        if events:
+            self.worker.stop_waiting_for_tunnel(self)
+            self._no_tunnel(events[0])
+
+    def _no_tunnel(self, head: RequestHeadReceived) -> None:
+        self._held_events = None
+        self.worker.count_error("no_tunnel")
+        throttled.warning("no tunnel to any origin for %s", _peer_text(self.metadata))
+        request = PendingRequest(
+            method=head.method.decode("latin-1"),
+            path=head.target.decode("latin-1"),
+            host=head.host,
+            request_id=head.request_id,
+            started=time.monotonic(),
+            replay=None,
+            websocket_key=None,
+            outcome="no_tunnel",
+        )
+        self._answer_and_close(request, 503, "no tunnel to the origin")
+
+    def _stop_waiting_for_tunnel(self) -> None:
+        if self._tunnel_wait is not None:
+            self._tunnel_wait.cancel()
+            self._tunnel_wait = None
+            self.worker.stop_waiting_for_tunnel(self)
 
     def _send_up(self, data: bytes) -> None:
         upstream = self.upstream
@@ -251,10 +336,15 @@ class ClientConnection(asyncio.Protocol):
         self._close()
 
     def _answer_and_close(self, request: PendingRequest, status: int, reason: str) -> None:
+        """The edge answers ``request`` itself (nothing of another response went
+        out for it) and closes once that answer is sent."""
         body = f"{status} {reason}\n"
-        self._write(error_response(status, body=body, request_id=request.request_id))
+        request.out_start = self._queued
+        data = error_response(status, body=body, request_id=request.request_id)
+        request.bytes_out = len(data)
         request.status = status
-        self.worker.log_request(self, request, status_source="edge")
+        self._write(data)
+        self._request_done(request)
         self._close()
 
     # -- upstream side -------------------------------------------------------------
@@ -263,7 +353,6 @@ class ClientConnection(asyncio.Protocol):
         if upstream is not self.upstream:
             return
         self.last_activity = time.monotonic()
-        upstream.responded = True
         # Everything one upstream read produces (a response head and its body,
         # several pipelined responses) goes to the client in one write: one TLS
         # record and one send instead of one per event (the client's transport
@@ -289,13 +378,16 @@ class ClientConnection(asyncio.Protocol):
             self.state = _TUNNEL
             if self.pending:
                 self.pending[0].status = 101
-                self.worker.log_request(self, self.pending.popleft())
+                self._request_done(self.pending.popleft())
             if held:
                 self._send_up(held)
         elif kind is WebSocketRefused:
-            self._fail_upstream(502, "backend answered the upgrade with a bad handshake")
+            self._fail_upstream(
+                502, "backend answered the upgrade with a bad handshake", "upstream_invalid"
+            )
         elif kind is ResponseInvalid:
-            self._fail_upstream(502, f"invalid response from backend: {event.reason}")  # type: ignore[attr-defined]
+            reason = f"invalid response from backend: {event.reason}"  # type: ignore[attr-defined]
+            self._fail_upstream(502, reason, "upstream_invalid")
         elif kind is BackendClosed:
             self._on_backend_closed(upstream, event)  # type: ignore[arg-type]
 
@@ -315,13 +407,16 @@ class ClientConnection(asyncio.Protocol):
 
     def _write_response_bytes(self, data: bytes) -> None:
         if self.pending:
-            self.pending[0].bytes_out += len(data)
+            request = self.pending[0]
+            if request.out_start < 0:
+                request.out_start = self._queued
+            request.bytes_out += len(data)
         self._write(data)
 
     def _response_done(self, *, close: bool) -> None:
         request = self.pending.popleft() if self.pending else None
         if request is not None:
-            self.worker.log_request(self, request)
+            self._request_done(request)
         if close and self.upstream is not None:
             self._finish_stream()
         if self.pending:
@@ -338,9 +433,9 @@ class ClientConnection(asyncio.Protocol):
 
     def _on_backend_closed(self, upstream: Upstream, event: BackendClosed) -> None:
         if event.mid_response:
-            self._abort_client("backend closed mid-response")
+            self._abort_client("backend closed mid-response", "upstream_closed")
         elif event.before_response:
-            self._replay_or_fail(502, "backend closed before responding")
+            self._replay_or_fail(502, "backend closed before responding", "upstream_closed")
         else:
             self._finish_stream()  # Node's keep-alive timeout: next request, new stream
 
@@ -365,15 +460,24 @@ class ClientConnection(asyncio.Protocol):
                 self._close()
             return
         code = exc.code if isinstance(exc, StreamResetError) else ErrorCode.INTERNAL_ERROR
-        if not upstream.responded and self.pending:
-            if code in _NOT_PROCESSED and self._replay_or_fail(None, ""):
-                return
+        reason = f"stream reset: {ErrorCode.name_of(code)}"
+        if self.state == _TUNNEL:
+            self._abort_client(f"upgraded {reason}", "upstream_reset")
+        elif not self.pending:
+            return  # between requests: the next request takes a fresh stream
+        elif not self.pending[0].answered:
+            # Nothing of the response went out: replay an idempotent request (RFC
+            # 9110 §9.2.2: the origin or its tunnel failed, not the request), or
+            # answer. NO_BACKEND is the origin's considered answer: not replayed.
             status = 503 if code == ErrorCode.NO_BACKEND else 502
-            self._fail_upstream(status, f"stream reset: {ErrorCode.name_of(code)}")
+            if code == ErrorCode.NO_BACKEND:
+                self._fail_upstream(status, reason, "no_backend")
+            else:
+                self._replay_or_fail(status, reason, "upstream_reset")
         else:
-            self._abort_client(f"stream reset mid-response: {ErrorCode.name_of(code)}")
+            self._abort_client(f"{reason} mid-response", "upstream_reset")
 
-    def _replay_or_fail(self, status: int | None, reason: str) -> bool:
+    def _replay_or_fail(self, status: int, reason: str, outcome: str) -> bool:
         """Replay the outstanding requests on a fresh stream if every one of them
         is replayable and none was replayed yet; else answer ``status``."""
         requests = list(self.pending)
@@ -389,18 +493,23 @@ class ClientConnection(asyncio.Protocol):
                     self.upstream.reader.expect(request.method.encode(), None)  # type: ignore[union-attr]
                     self.upstream.stream.write(request.replay)  # type: ignore[union-attr, arg-type]
                 return True
-        if status is not None:
-            self._fail_upstream(status, reason)
+        self._fail_upstream(status, reason, outcome)
         return False
 
-    def _fail_upstream(self, status: int, reason: str) -> None:
-        log.warning("upstream failure for %s: %s", _peer_text(self.metadata), reason)
+    def _fail_upstream(self, status: int, reason: str, outcome: str) -> None:
         self.worker.count_error("upstream")
+        throttled.warning("upstream failure for %s: %s", _peer_text(self.metadata), reason)
         request = self.pending[0] if self.pending else None
-        if request is not None and request.status == 0 and request.bytes_out == 0:
+        if request is not None and not request.answered:
+            self.pending.popleft()
+            request.outcome = outcome
+            for later in self.pending:  # pipelined behind it: never sent an answer
+                later.outcome = "not_sent"
+                self._request_done(later)
+            self.pending.clear()
             self._answer_and_close(request, status, "bad gateway" if status == 502 else reason)
         else:
-            self._abort_client(reason)
+            self._abort_client(reason, outcome)
 
     def _finish_stream(self) -> None:
         upstream, self.upstream = self.upstream, None
@@ -408,7 +517,7 @@ class ClientConnection(asyncio.Protocol):
             upstream.stream.close()
         if self.pending:  # pipelined requests the backend will not answer
             self.upstream = upstream
-            self._replay_or_fail(502, "backend closed with requests outstanding")
+            self._replay_or_fail(502, "backend closed with requests outstanding", "upstream_closed")
 
     # -- shared ----------------------------------------------------------------------
 
@@ -416,7 +525,7 @@ class ClientConnection(asyncio.Protocol):
         reader = self.reader
         if self.state == _TUNNEL or reader is None:
             return
-        if self.pending:
+        if self.pending or self._held_events is not None:
             self.state = _BUSY
         elif reader.in_head:
             if self.state != _HEAD:
@@ -426,20 +535,80 @@ class ClientConnection(asyncio.Protocol):
             self.state = _IDLE
 
     def _write(self, data: bytes) -> None:
+        if self._closing:
+            return
+        self._queued += len(data)
         if self._batch is not None:
             self._batch.append(data)
-        elif self.transport is not None and not self._closing:
+        elif self.transport is not None:
             self.transport.write(data)
 
     def _flush_batch(self) -> None:
         batch, self._batch = self._batch, None
         if batch and self.transport is not None and not self._closing:
             self.transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
+        if self._unflushed:
+            self._when_flushed()
 
-    def _abort_client(self, reason: str) -> None:
+    # -- the access log: what the client was sent ---------------------------------------
+
+    def _sent(self) -> int:
+        """Octets of this connection's output that reached the kernel."""
+        transport = self.transport
+        if transport is None:
+            return 0
+        sent = getattr(transport, "bytes_sent", None)
+        if sent is None:  # a plain socket transport: what it no longer holds
+            sent = self._queued - transport.get_write_buffer_size()
+        return sent  # type: ignore[no-any-return]
+
+    def _sent_for(self, request: PendingRequest) -> int:
+        if not request.answered:
+            return 0
+        return max(0, min(self._sent() - request.out_start, request.bytes_out))
+
+    def _request_done(self, request: PendingRequest) -> None:
+        """Its response is complete here; log it once it is out of our hands."""
+        self._unflushed.append(request)
+        if self._batch is None:
+            self._when_flushed()
+
+    def _when_flushed(self) -> None:
+        transport = self.transport
+        when_flushed = getattr(transport, "call_when_flushed", None)
+        if when_flushed is None:
+            self._settle(final=True)
+        else:
+            when_flushed(self._settle)
+
+    def _settle(self, *, final: bool = False) -> None:
+        """Log the complete requests whose every octet reached the kernel; with
+        ``final`` (the connection is gone, or cannot tell) all of them, with
+        what got out."""
+        unflushed = self._unflushed
+        if not unflushed:
+            return
+        sent = self._sent()
+        while unflushed:
+            request = unflushed[0]
+            end = request.out_start + request.bytes_out if request.answered else 0
+            if sent < end and not final:
+                break
+            unflushed.popleft()
+            got_out = self._sent_for(request)
+            if got_out < request.bytes_out and request.outcome == "ok":
+                request.outcome = "client_closed"
+            self.worker.log_request(self, request, sent=got_out)
+
+    def _abort_client(self, reason: str, outcome: str) -> None:
+        """A response cannot be completed (its start already went out): close the
+        connection without close_notify, so the client sees it was cut."""
         log.info("closing %s: %s", _peer_text(self.metadata), reason)
         for request in self.pending:
-            self.worker.log_request(self, request, status_source="aborted")
+            request.outcome = outcome if request.answered else "not_sent"
+            if not request.answered and not request.status:
+                request.status = 502
+        self._unflushed.extend(self.pending)
         self.pending.clear()
         self._closing = True
         if self.transport is not None:

@@ -106,6 +106,7 @@ class TlsServerTransport(asyncio.Transport):
         "_buffered",
         "_closing",
         "_fd",
+        "_flushed_callback",
         "_linger_s",
         "_lingered_s",
         "_loop",
@@ -140,6 +141,7 @@ class TlsServerTransport(asyncio.Transport):
         self._lingered_s = 0.0
         self._send_timeout_s = send_timeout_s
         self._sent = 0
+        self._flushed_callback: Callable[[], None] | None = None
         self._write_progress = 0.0
         self._sock = sock
         self._fd = sock.fileno()
@@ -267,6 +269,12 @@ class TlsServerTransport(asyncio.Transport):
             return
         self._stop_writer()
         self._cancel_timer()
+        callback = self._flushed_callback
+        if callback is not None:
+            self._flushed_callback = None
+            callback()
+            if self._state != _OPEN or self._wbuf:
+                return
         if self._paused_writing:
             self._paused_writing = False
             self._protocol.resume_writing()  # may write more, or close
@@ -386,6 +394,15 @@ class TlsServerTransport(asyncio.Transport):
     def get_write_buffer_size(self) -> int:
         return self._buffered if self._state != _CLOSED else 0
 
+    def call_when_flushed(self, callback: Callable[[], None]) -> None:
+        """``callback()`` once everything written so far is in the kernel: at once
+        if it is already; never if the connection dies first (``connection_lost``
+        comes instead). One callback at a time: a second replaces the first."""
+        if not self._wbuf:
+            callback()
+        else:
+            self._flushed_callback = callback
+
     @property
     def bytes_sent(self) -> int:
         """Plaintext octets handed to the kernel so far (what the client was sent)."""
@@ -494,6 +511,7 @@ class TlsServerTransport(asyncio.Transport):
         self._stop_writer()
         self._wbuf.clear()
         self._buffered = 0
+        self._flushed_callback = None
         self._sock.close()
         if notify and was_open:
             self._loop.call_soon(self._protocol.connection_lost, exc)

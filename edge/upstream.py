@@ -40,21 +40,31 @@ class PendingRequest:
     bytes_in: int = 0
     status: int = 0
     bytes_out: int = 0
+    """Octets of its response written to the client transport (queued)."""
+    out_start: int = -1
+    """Offset of its first response octet in the connection's output; -1 while
+    nothing of its response went to the client (so it can still get a 502)."""
     first_byte: float = 0.0
     retried: bool = False
+    outcome: str = "ok"
+    """How it ended, for the access log (README "Access log")."""
+
+    @property
+    def answered(self) -> bool:
+        """Some of its response went to the client: an error can only be a close."""
+        return self.out_start >= 0
 
 
 class Upstream(asyncio.Protocol):
     """The protocol of one tunnel stream; forwards everything to its client."""
 
-    __slots__ = ("client", "origin", "reader", "responded", "stream")
+    __slots__ = ("client", "origin", "reader", "stream")
 
     def __init__(self, client: ClientConnection, limits: object) -> None:
         self.client = client
         self.origin: str | None = None
         self.reader = ResponseReader(limits)  # type: ignore[arg-type]
         self.stream: TunnelStream | None = None
-        self.responded = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.stream = transport  # type: ignore[assignment]

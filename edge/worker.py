@@ -87,6 +87,7 @@ class EdgeWorker:
                                 self, trusted=trusted, client_address=client
                             ),
                             lambda reason: metrics.REFUSED.labels(reason).inc(),
+                            self.config.http.send_timeout_s,
                         )
                     )
                 )
@@ -97,6 +98,7 @@ class EdgeWorker:
                         self.certificates.context,
                         self._factory(listener),
                         tls.handshake_timeout_s,
+                        send_timeout_s=self.config.http.send_timeout_s,
                     )
                 )
         self._tasks.append(asyncio.create_task(self._sweep()))
@@ -148,6 +150,8 @@ class EdgeWorker:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             self.tally.publish()
+            if self.access_log is not None:  # a quiet edge's last lines within a second
+                self.access_log.flush()
             now = time.monotonic()
             for connection in list(self.connections):
                 idle_for = now - connection.last_activity
@@ -195,21 +199,26 @@ class EdgeWorker:
     def connection_closed(self, connection: ClientConnection) -> None:
         self.connections.discard(connection)
 
+    def wait_for_tunnel(self, connection: ClientConnection) -> bool:
+        return self.origins.wait_for_tunnel(connection)
+
+    def stop_waiting_for_tunnel(self, connection: ClientConnection) -> None:
+        self.origins.stop_waiting(connection)
+
     def count_error(self, reason: str) -> None:
         self.tally.add(metrics.ERRORS, reason)
 
     def log_rejected(self, connection: ClientConnection, status: int) -> None:
         self.tally.add(metrics.REQUESTS, str(status))
 
-    def log_request(
-        self, connection: ClientConnection, request: PendingRequest, status_source: str = ""
-    ) -> None:
+    def log_request(self, connection: ClientConnection, request: PendingRequest, sent: int) -> None:
+        """One access-log line; ``sent``: octets of the response the client was sent."""
         now = time.monotonic()
-        status = request.status or (499 if status_source == "aborted" else 0)
+        status = request.status
         tally = self.tally
         tally.add(metrics.REQUESTS, str(status))
         tally.add(metrics.BYTES, "in", request.bytes_in)
-        tally.add(metrics.BYTES, "out", request.bytes_out)
+        tally.add(metrics.BYTES, "out", sent)
         upstream_ms = None
         if request.first_byte:
             upstream = request.first_byte - request.started
@@ -226,12 +235,13 @@ class EdgeWorker:
             path=request.path,
             status=status,
             bytes_in=request.bytes_in,
-            bytes_out=request.bytes_out,
+            bytes_out=sent,
             duration_ms=round((now - request.started) * 1000, 3),
             upstream_ms=upstream_ms,
             origin=getattr(upstream_protocol, "origin", None),
             request_id=request.request_id,
             worker=self._pid,
+            outcome=request.outcome,
         )
 
 

@@ -35,12 +35,16 @@ def test_sessions_resume_across_workers_and_are_counted(test_pki: PkiFiles, tmp_
             session = tls.session if session is None else session
             tls.close()
         assert resumed == 39, "every connection after the first should resume"
-        access = [
-            json.loads(line)
-            for line in stack.log.read_text().splitlines()
-            if line.startswith('{"ts"')
-        ]
-        workers = {entry["worker"] for entry in access if entry["path"].startswith("/?i=")}
+        workers: set[int] = set()
+        deadline = time.monotonic() + 5  # access-log lines are written within a second
+        while len(workers) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            access = [
+                json.loads(line)
+                for line in stack.log.read_text().splitlines()
+                if line.startswith('{"ts"')
+            ]
+            workers = {entry["worker"] for entry in access if entry["path"].startswith("/?i=")}
         assert len(workers) == 2, f"all connections went to one worker: {workers}"
         counted = 0.0
         deadline = time.monotonic() + 5  # workers publish their counts every second

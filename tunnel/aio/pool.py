@@ -54,7 +54,10 @@ class TunnelPool:
         size: int = 2,
         backoff: Backoff | None = None,
         rng: random.Random | None = None,
+        on_usable: Callable[[], None] | None = None,
     ) -> None:
+        """``on_usable``: called each time a new connection joins the pool (it can
+        take streams then), e.g. to start streams that waited for one."""
         self.name = name
         self._dial = dial
         self.size = size
@@ -67,6 +70,7 @@ class TunnelPool:
         self._dials = 0
         self._dial_failures = 0
         self._learned_window = 0
+        self._on_usable = on_usable
 
     def start(self) -> None:
         for slot in range(self.size):
@@ -84,15 +88,19 @@ class TunnelPool:
                 self._dial_failures += 1
                 delay = self._backoff.delay(attempt, self._rng)
                 attempt += 1
-                log.warning(
-                    "tunnel %s slot %d: dial failed (%s); retrying in %.2fs",
-                    self.name,
-                    slot,
-                    exc or type(exc).__name__,
-                    delay,
-                )
+                if attempt & (attempt - 1) == 0:  # failures 1, 2, 4, 8...: a few lines an outage
+                    log.warning(
+                        "tunnel %s slot %d: dial failed %d time(s) in a row (%s); retry in %.2fs",
+                        self.name,
+                        slot,
+                        attempt,
+                        exc or type(exc).__name__,
+                        delay,
+                    )
                 await asyncio.sleep(delay)
                 continue
+            if attempt:
+                log.info("tunnel %s slot %d: up after %d failed dials", self.name, slot, attempt)
             attempt = 0
             await self._hold(connection)
 
@@ -108,6 +116,8 @@ class TunnelPool:
         self._connections.append(connection)
         connection.closed.add_done_callback(lambda _: self._forget(connection))
         self._ready.set()
+        if self._on_usable is not None and connection.can_open_stream:
+            self._on_usable()
         if connection.closed.done() or connection.goaway_received:
             leaving.set()
         await leaving.wait()

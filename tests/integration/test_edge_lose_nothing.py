@@ -1,0 +1,335 @@
+"""Every byte delivered, or an honest error (issue "Lose nothing"), end to end with
+a real edge, the real origin balancer, real TLS and Node.js:
+
+- a request that finds no tunnel waits for one that is coming up (edge start,
+  origin restart) instead of failing, and gets a 503 at the bound;
+- a stream that breaks under a request gives the client a 502 (or a replay),
+  never a bare close, on the first request of a connection and on later ones;
+- the access log's ``bytes_out`` is what the client was sent, and its
+  ``outcome`` says whose fault an error was;
+- an outage writes a few warning lines, not one per request.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PkiFiles, scaled
+from tests.edge_env import (
+    ROOT,
+    Processes,
+    Stack,
+    edge_stack,
+    node_available,
+    start_edge,
+    wait_port,
+    write_edge_config,
+    write_origin_config,
+)
+from tests.tunnel_env import free_port
+
+pytestmark = pytest.mark.skipif(not node_available(), reason="npm ci the sample app first")
+
+PATTERN_MODULUS = 251  # the sample app's bodies: octet i is i % 251
+
+
+def pattern(length: int) -> bytes:
+    return bytes(i % PATTERN_MODULUS for i in range(length))
+
+
+def access_lines(log: Path) -> list[dict]:
+    lines = []
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("{") and '"request_id"' in line:
+            lines.append(json.loads(line))
+    return lines
+
+
+def wait_access_line(log: Path, path: str, timeout: float = 10.0) -> dict:
+    """The access-log line of the last request for ``path`` (lines are flushed within 1 s)."""
+    deadline = time.monotonic() + scaled(timeout)
+    while time.monotonic() < deadline:
+        found = [line for line in access_lines(log) if line["path"] == path]
+        if found:
+            return found[-1]
+        time.sleep(0.1)
+    raise AssertionError(f"no access-log line for {path}:\n{log.read_text()[-3000:]}")
+
+
+def tls_connect(port: int, pki: PkiFiles, timeout: float = 30.0) -> ssl.SSLSocket:
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    raw = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    return context.wrap_socket(raw, server_hostname="localhost", suppress_ragged_eofs=False)
+
+
+def read_response(tls: ssl.SSLSocket) -> tuple[int, dict[str, str], bytes, str]:
+    """One response with a Content-Length: (status, headers, body, how it ended:
+    "complete", "close_notify", or the error of a ragged end)."""
+    data = bytearray()
+    ending = "complete"
+    while b"\r\n\r\n" not in data:
+        try:
+            chunk = tls.recv(65536)
+        except (ssl.SSLError, OSError) as exc:
+            return 0, {}, bytes(data), f"{type(exc).__name__}"
+        if not chunk:
+            return 0, {}, bytes(data), "close_notify"
+        data += chunk
+    head, _, body = bytes(data).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+    length = int(headers.get("content-length", "0"))
+    received = bytearray(body)
+    while len(received) < length:
+        try:
+            chunk = tls.recv(65536)
+        except (ssl.SSLError, OSError) as exc:
+            ending = type(exc).__name__
+            break
+        if not chunk:
+            ending = "close_notify"
+            break
+        received += chunk
+    return status, headers, bytes(received), ending
+
+
+def kill_origin(stack: Stack) -> None:
+    """SIGKILL the origin's workers and its supervisor: an origin host that dies."""
+    assert stack.origin is not None
+    children = subprocess.run(
+        ["pgrep", "-P", str(stack.origin.pid)], capture_output=True, text=True, check=False
+    ).stdout.split()
+    for pid in children:
+        os.kill(int(pid), signal.SIGKILL)
+    stack.stop_origin()
+
+
+@pytest.fixture
+def stack(test_pki: PkiFiles, tmp_path: Path) -> Iterator[Stack]:
+    with edge_stack(test_pki, tmp_path, extra_top="") as s:
+        yield s
+
+
+# -- waiting for a tunnel ---------------------------------------------------------
+
+
+def test_requests_sent_before_the_first_tunnel_is_up_wait_for_it(
+    test_pki: PkiFiles, tmp_path: Path
+) -> None:
+    """Right after an edge starts it used to answer 502 until its first tunnel
+    connection was up (14 of the first 17 requests in one run)."""
+    procs = Processes()
+    node_port, origin_port = free_port(), free_port()
+    https_port, admin_port = free_port(), free_port()
+    try:
+        procs.node(node_port)
+        origin_config = write_origin_config(
+            tmp_path / "origin.toml", test_pki, port=origin_port, backends=[node_port]
+        )
+        config = write_edge_config(
+            tmp_path / "edge.toml",
+            test_pki,
+            https_port=https_port,
+            admin_port=admin_port,
+            origins=[("origin-a", origin_port)],
+        )
+        log = tmp_path / "edge.log"
+        start_edge(procs, config, log)
+        wait_port(https_port)  # the edge accepts; no origin runs yet
+
+        def get() -> int:
+            with tls_connect(https_port, test_pki) as tls:
+                tls.sendall(b"GET /ip HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                return read_response(tls)[0]
+
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            futures = [pool.submit(get) for _ in range(12)]
+            time.sleep(1.0)  # the requests are waiting now
+            procs.start([sys.executable, "-m", "origin", "--config", str(origin_config)], cwd=ROOT)
+            statuses = [f.result(timeout=scaled(30)) for f in futures]
+        assert statuses == [200] * 12
+    finally:
+        procs.stop_all()
+
+
+def test_a_request_waits_at_most_tunnel_wait_s_then_gets_a_503(
+    test_pki: PkiFiles, tmp_path: Path
+) -> None:
+    with edge_stack(test_pki, tmp_path, extra_top="[http]\ntunnel_wait_s = 1.0\n") as s:
+        s.stop_origin()
+        wait_unhealthy(s)
+        started = time.monotonic()
+        status, body = s.get("/ip")
+        waited = time.monotonic() - started
+        assert status == 503 and b"no tunnel" in body
+        assert 0.9 <= waited < scaled(4)
+        line = wait_access_line(s.log, "/ip")
+        assert (line["status"], line["outcome"]) == (503, "no_tunnel")
+
+
+def test_a_request_during_an_origin_restart_waits_for_the_new_tunnel(stack: Stack) -> None:
+    stack.stop_origin()
+    wait_unhealthy(stack)
+    result: list[tuple[int, bytes]] = []
+    thread = threading.Thread(target=lambda: result.append(stack.get("/ip")))
+    thread.start()
+    time.sleep(0.5)
+    stack.start_origin()
+    thread.join(scaled(20))
+    assert result and result[0][0] == 200
+
+
+def wait_unhealthy(stack: Stack, timeout: float = 10) -> None:
+    import http.client
+
+    deadline = time.monotonic() + scaled(timeout)
+    while time.monotonic() < deadline:
+        conn = http.client.HTTPConnection("127.0.0.1", stack.admin_port, timeout=2)
+        conn.request("GET", "/healthz")
+        if conn.getresponse().status != 200:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the edge still reports a tunnel up")
+
+
+# -- a stream that breaks under a request ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET /slow?ms=4000 HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"POST /slow?ms=4000 HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc",
+    ],
+    ids=["get", "post"],
+)
+def test_an_origin_killed_under_a_keepalive_request_gives_a_502_not_a_close(
+    stack: Stack, request_bytes: bytes
+) -> None:
+    """The second request of a keep-alive connection, in flight when the origin
+    dies, used to get a bare close and a 499 in the access log."""
+    with tls_connect(stack.https_port, stack.pki) as tls:
+        tls.sendall(b"GET /ip HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(tls)[0] == 200
+        tls.sendall(request_bytes)
+        time.sleep(0.5)
+        kill_origin(stack)
+        status, _, body, _ = read_response(tls)
+    assert status == 502, body
+    line = wait_access_line(stack.log, "/slow?ms=4000")
+    assert (line["status"], line["outcome"]) == (502, "upstream_reset")
+
+
+def test_an_origin_killed_mid_response_closes_and_logs_the_upstream(stack: Stack) -> None:
+    size = 400_000_000
+    with tls_connect(stack.https_port, stack.pki) as tls:
+        tls.sendall(f"GET /bytes?n={size} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        tls.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        received = 0
+        while received < 10_000_000:
+            received += len(tls.recv(1 << 20))
+        kill_origin(stack)
+        ending = read_to_the_end(tls)
+    assert ending != "close_notify"  # a cut the client can tell from an end
+    line = wait_access_line(stack.log, f"/bytes?n={size}")
+    assert line["status"] == 200
+    assert line["outcome"] == "upstream_reset"
+    assert line["bytes_out"] < size
+
+
+def read_to_the_end(tls: ssl.SSLSocket) -> str:
+    """Read and discard until the connection ends; how it ended."""
+    while True:
+        try:
+            if not tls.recv(1 << 20):
+                return "close_notify"
+        except (ssl.SSLError, OSError) as exc:
+            return type(exc).__name__
+
+
+# -- the access log counts what the client was sent ----------------------------------
+
+
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3])
+def test_connection_close_large_responses_arrive_whole_and_are_logged_as_sent(
+    stack: Stack, version: ssl.TLSVersion
+) -> None:
+    expected = hashlib.sha256(pattern(768 * 1024)).hexdigest()
+    context = ssl.create_default_context(cafile=str(stack.pki.ca))
+    context.minimum_version = context.maximum_version = version
+    for i in range(10):
+        path = f"/bytes?n={768 * 1024}&i={i}"
+        raw = socket.create_connection(("127.0.0.1", stack.https_port), timeout=30)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)  # a slow reader
+        with context.wrap_socket(
+            raw, server_hostname="localhost", suppress_ragged_eofs=False
+        ) as tls:
+            tls.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            head_and_body = bytearray()
+            while True:
+                if i % 2:
+                    time.sleep(0.001)
+                chunk = tls.recv(65536)
+                if not chunk:
+                    break  # close_notify: a ragged end raises instead
+                head_and_body += chunk
+        body = bytes(head_and_body).partition(b"\r\n\r\n")[2]
+        assert hashlib.sha256(body).hexdigest() == expected, (i, len(body))
+        line = wait_access_line(stack.log, path)
+        assert line["bytes_out"] == len(head_and_body), line
+        assert line["outcome"] == "ok"
+
+
+def test_a_client_that_leaves_mid_response_is_logged_with_what_it_was_sent(
+    stack: Stack,
+) -> None:
+    size = 200_000_000
+    path = f"/bytes?n={size}"
+    raw = socket.create_connection(("127.0.0.1", stack.https_port), timeout=30)
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    context = ssl.create_default_context(cafile=str(stack.pki.ca))
+    tls = context.wrap_socket(raw, server_hostname="localhost")
+    tls.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    tls.recv(65536)
+    time.sleep(0.5)  # every buffer on the way fills up
+    tls.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    tls.close()  # a reset: the client is gone
+    line = wait_access_line(stack.log, path)
+    assert line["outcome"] == "client_closed"
+    assert 0 < line["bytes_out"] < 50_000_000  # what the kernel took, not the whole body
+
+
+# -- an outage is a few lines -------------------------------------------------------
+
+
+def test_an_outage_writes_a_few_warning_lines_not_one_per_request(
+    test_pki: PkiFiles, tmp_path: Path
+) -> None:
+    with edge_stack(test_pki, tmp_path, extra_top="[http]\ntunnel_wait_s = 0.2\n") as s:
+        s.stop_origin()
+        wait_unhealthy(s)
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(lambda _: s.get("/ip")[0], range(80)))
+        assert statuses == [503] * 80
+        time.sleep(1.2)
+        warnings = [
+            line
+            for line in s.log.read_text().splitlines()
+            if "WARNING" in line and "geoedge.edge" in line
+        ]
+        assert 1 <= len(warnings) <= 10, warnings
