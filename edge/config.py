@@ -37,19 +37,38 @@ class EdgeSection:
 
 @dataclass(frozen=True, slots=True)
 class ListenerConfig:
+    """One HTTPS listener. Trust follows the hop (README "Trust"): a PROXY header
+    vouches for TCP addresses only, so an L4 load balancer in ``trusted_proxies``
+    never makes the client's HTTP forwarding headers trustworthy; only the HTTP
+    hop in front, when listed in ``http_proxies``, may set them."""
+
     address: str = "0.0.0.0:443"
     """host:port to listen on with TLS."""
     proxy_protocol: bool = False
     """Expect a PROXY v1/v2 header first (an AWS NLB in front); only accepted
     from ``trusted_proxies``."""
     trusted_proxies: tuple[Network, ...] = ()
-    """Peers allowed to send PROXY headers and X-Forwarded-* headers (kept and
-    appended to); from everyone else these headers are stripped."""
+    """With ``proxy_protocol``: the load balancers (CIDRs) allowed to send a PROXY
+    header. A connection from them must carry one; from anyone else a PROXY
+    header is refused as spoofing."""
+    http_proxies: tuple[Network, ...] = ()
+    """HTTP proxies in front (CIDRs) whose forwarding headers (X-Forwarded-For,
+    Forwarded, X-Real-IP, X-Forwarded-Proto/Host/Port, X-Request-Id) are kept
+    and appended to; from every other client they are replaced. The address
+    checked is the one that spoke HTTP to the edge: the PROXY header's source
+    on a ``proxy_protocol`` listener, the TCP peer otherwise. Empty (the
+    default): nobody's are trusted."""
 
     def __post_init__(self) -> None:
         parse_host_port(self.address)
         if self.proxy_protocol and not self.trusted_proxies:
             raise ValueError("proxy_protocol needs trusted_proxies (the load balancer's CIDRs)")
+        if self.trusted_proxies and not self.proxy_protocol:
+            raise ValueError(
+                "trusted_proxies lists PROXY-protocol load balancers and needs"
+                " proxy_protocol = true; for HTTP proxies that set X-Forwarded-For"
+                " use http_proxies"
+            )
 
 
 @dataclass(frozen=True, slots=True)

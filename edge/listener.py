@@ -6,8 +6,9 @@ itself, reads exactly the header with ``MSG_PEEK`` (so not one byte of the
 ClientHello is consumed), and then starts the edge's TLS transport on it
 (:class:`edge.tls_transport.TlsServerTransport`). Headers are accepted only from the
 configured trusted CIDRs; a trusted peer without a header, or an untrusted one
-with a header, is refused with a logged reason (issue: "connections without the
-header from those peers, or with it from others, are refused").
+with a header, is refused with a logged reason. The header vouches for the TCP
+addresses only: whether the client's forwarding headers are trusted is decided
+from its source address and the listener's ``http_proxies`` (README "Trust").
 
 The accept loop survives EMFILE by sleeping, as trio's does, instead of dying.
 """
@@ -91,7 +92,7 @@ async def serve_proxy_listener(
     config: ListenerConfig,
     ssl_context: ssl.SSLContext,
     handshake_timeout_s: float,
-    factory: Callable[[tuple[str, int] | None, bool], asyncio.Protocol],
+    factory: Callable[[tuple[str, int]], asyncio.Protocol],
     on_refused: Callable[[str], None],
     send_timeout_s: float = SEND_TIMEOUT_S,
 ) -> None:
@@ -116,7 +117,7 @@ async def serve_proxy_listener(
                 loop,
                 conn,
                 ssl_context,
-                factory(client, True),
+                factory(client),
                 handshake_timeout_s,
                 LINGER_S,
                 send_timeout_s,

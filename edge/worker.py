@@ -83,9 +83,7 @@ class EdgeWorker:
                             listener,
                             self.certificates.context,
                             tls.handshake_timeout_s,
-                            lambda client, trusted: ClientConnection(
-                                self, trusted=trusted, client_address=client
-                            ),
+                            self._proxied_factory(listener),
                             lambda reason: metrics.REFUSED.labels(reason).inc(),
                             self.config.http.send_timeout_s,
                         )
@@ -104,12 +102,24 @@ class EdgeWorker:
         self._tasks.append(asyncio.create_task(self._sweep()))
 
     def _factory(self, listener: ListenerConfig) -> Callable[[], ClientConnection]:
-        networks = listener.trusted_proxies
+        networks = listener.http_proxies
         if not networks:  # nobody is trusted: skip the per-connection address check
             return lambda: ClientConnection(self, trusted=False)
 
         def factory() -> ClientConnection:
             return _TrustCheckingConnection(self, networks)
+
+        return factory
+
+    def _proxied_factory(
+        self, listener: ListenerConfig
+    ) -> Callable[[tuple[str, int]], ClientConnection]:
+        """Connections of a PROXY listener: the client is the header's source."""
+        networks = listener.http_proxies
+
+        def factory(client: tuple[str, int]) -> ClientConnection:
+            trusted = bool(networks) and is_trusted(client[0], networks)
+            return ClientConnection(self, trusted=trusted, client_address=client)
 
         return factory
 
@@ -246,7 +256,8 @@ class EdgeWorker:
 
 
 class _TrustCheckingConnection(ClientConnection):
-    """A client connection whose trust (for X-Forwarded-*) depends on its peer."""
+    """A client connection whose trust (for X-Forwarded-*) depends on its peer
+    being one of the listener's ``http_proxies``."""
 
     def __init__(self, worker: EdgeWorker, networks: tuple[object, ...]) -> None:
         super().__init__(worker, trusted=False)

@@ -728,6 +728,34 @@ def test_trusted_proxy_forwarding_fields_are_appended_or_kept() -> None:
     assert head.request_id == "client-chosen"
 
 
+@pytest.mark.parametrize("trusted", [False, True])
+@pytest.mark.parametrize(
+    "field",
+    [
+        b"X_Forwarded_For: 6.6.6.6",
+        b"x_real_ip: 6.6.6.6",
+        b"X_Forwarded_Proto: http",
+        b"X_Forwarded_Host: evil.example",
+        b"X_Request_Id: spoofed",
+        b"Content_Length: 5",
+        b"Transfer_Encoding: chunked",
+        b"X-Forwarded_For: 6.6.6.6",
+    ],
+)
+def test_underscore_spellings_of_managed_fields_are_dropped(field: bytes, trusted: bool) -> None:
+    """Some frameworks read ``_`` as ``-``: such a field would pass for the real
+    one behind the edge's checks, whoever sent it."""
+    head = only_head(feed_all(get(b"/", field), trusted=trusted))
+    name = field.partition(b":")[0]
+    assert name not in head.head and name.lower() not in head.head.lower()
+    assert not [key for key, _ in head.headers if b"_" in key]
+
+
+def test_underscores_in_other_fields_are_kept() -> None:
+    head = only_head(feed_all(get(b"/", b"My_Custom_Field: 1")))
+    assert values(head, b"my_custom_field") == [b"1"]
+
+
 def test_trusted_proxy_without_forwarding_fields_gets_them_set() -> None:
     head = only_head(feed_all(get(b"/"), trusted=True))
     assert values(head, b"x-forwarded-for") == [CLIENT_IP.encode()]
