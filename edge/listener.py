@@ -95,8 +95,11 @@ async def serve_proxy_listener(
     factory: Callable[[tuple[str, int]], asyncio.Protocol],
     on_refused: Callable[[str], None],
     send_timeout_s: float = SEND_TIMEOUT_S,
+    admit: Callable[[str], Callable[[], None] | None] | None = None,
 ) -> None:
-    """Accept loop of a listener behind a PROXY-protocol load balancer."""
+    """Accept loop of a listener behind a PROXY-protocol load balancer.
+    ``admit``: as :class:`edge.tls_transport.TlsListener`'s, asked about the
+    client address the PROXY header gives (the balancer's own is shared)."""
     loop = asyncio.get_running_loop()
     sock.setblocking(False)
     tasks: set[asyncio.Task[None]] = set()
@@ -113,6 +116,10 @@ async def serve_proxy_listener(
             else:
                 async with asyncio.timeout(PROXY_HEADER_TIMEOUT_S):
                     client = await read_proxy_header(loop, conn) or peer
+            release = admit(client[0]) if admit is not None else None
+            if admit is not None and release is None:
+                conn.close()
+                return
             TlsServerTransport(
                 loop,
                 conn,
@@ -121,6 +128,7 @@ async def serve_proxy_listener(
                 handshake_timeout_s,
                 LINGER_S,
                 send_timeout_s,
+                release,
             )
         except (PeerRefused, TimeoutError, OSError) as exc:
             reason = str(exc) or type(exc).__name__

@@ -110,6 +110,7 @@ class TlsServerTransport(asyncio.Transport):
         "_linger_s",
         "_lingered_s",
         "_loop",
+        "_on_closed",
         "_paused_writing",
         "_peer",
         "_protocol",
@@ -135,8 +136,12 @@ class TlsServerTransport(asyncio.Transport):
         handshake_timeout_s: float,
         linger_s: float = LINGER_S,
         send_timeout_s: float = SEND_TIMEOUT_S,
+        on_closed: Callable[[], None] | None = None,
     ) -> None:
+        """``on_closed``: called once when the socket is closed, whatever the
+        reason (a failed handshake too): admission counts are released there."""
         self._loop = loop
+        self._on_closed = on_closed
         self._linger_s = linger_s
         self._lingered_s = 0.0
         self._send_timeout_s = send_timeout_s
@@ -513,6 +518,9 @@ class TlsServerTransport(asyncio.Transport):
         self._buffered = 0
         self._flushed_callback = None
         self._sock.close()
+        on_closed, self._on_closed = self._on_closed, None
+        if on_closed is not None:
+            on_closed()
         if notify and was_open:
             self._loop.call_soon(self._protocol.connection_lost, exc)
 
@@ -532,7 +540,11 @@ class TlsServerTransport(asyncio.Transport):
 
 class TlsListener:
     """Accepts on a listening socket (owned by the caller) and starts a
-    :class:`TlsServerTransport` per connection; :meth:`close` stops accepting."""
+    :class:`TlsServerTransport` per connection; :meth:`close` stops accepting.
+
+    ``admit(client_ip)``, when given, runs right after ``accept()``: it returns
+    the callable that releases the connection's place (called when its socket
+    closes), or None to refuse it: the socket is closed before any TLS."""
 
     def __init__(
         self,
@@ -542,8 +554,10 @@ class TlsListener:
         handshake_timeout_s: float,
         linger_s: float = LINGER_S,
         send_timeout_s: float = SEND_TIMEOUT_S,
+        admit: Callable[[str], Callable[[], None] | None] | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
+        self._admit = admit
         self._linger_s = linger_s
         self._send_timeout_s = send_timeout_s
         self._sock = sock
@@ -559,7 +573,7 @@ class TlsListener:
         loop, sock = self._loop, self._sock
         for _ in range(ACCEPT_BATCH):
             try:
-                conn, _ = sock.accept()
+                conn, peer = sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -571,6 +585,12 @@ class TlsListener:
                 if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
                     continue
                 raise
+            release = None
+            if self._admit is not None:
+                release = self._admit(peer[0])
+                if release is None:
+                    conn.close()
+                    continue
             try:
                 conn.setblocking(False)
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -582,10 +602,13 @@ class TlsListener:
                     self._handshake_timeout_s,
                     self._linger_s,
                     self._send_timeout_s,
+                    release,
                 )
             except OSError as exc:  # reset before we got to it: only this one is lost
                 log.debug("connection lost while being set up: %s", exc)
                 conn.close()
+                if release is not None:
+                    release()
 
     def _resume_accepting(self) -> None:
         self._resume = None

@@ -18,7 +18,9 @@ import time
 from collections.abc import Callable
 
 from edge import metrics
+from edge.admission import ConnectionAdmission, RequestRate
 from edge.config import EdgeConfig, ListenerConfig
+from edge.deadlines import Deadlines, Phase, expired
 from edge.http1 import HttpLimits
 from edge.listener import is_trusted, serve_proxy_listener
 from edge.origins import OriginSet
@@ -28,9 +30,10 @@ from edge.tls_transport import TlsListener
 from edge.upstream import PendingRequest
 from tunnel.aio.stream import TunnelStream
 from tunnel.mux import StreamMetadata
-from tunnel.runtime.logs import AccessLog
+from tunnel.runtime.logs import AccessLog, LogThrottle
 
 log = logging.getLogger("geoedge.edge")
+throttled = LogThrottle(log)
 
 SWEEP_INTERVAL_S = 1.0
 
@@ -58,6 +61,11 @@ class EdgeWorker:
         self._id_counter = itertools.count(1)
         self.access_log = _open_access_log(config)
         self.tally = metrics.Tally()
+        limits = config.limits
+        self.admission = ConnectionAdmission(
+            limits.max_connections, limits.max_connections_per_client_ip
+        )
+        self.request_rate = RequestRate(limits.requests_per_s_per_client_ip, limits.request_burst)
         self._stream_origin: dict[int, str] = {}
 
     # -- life cycle -----------------------------------------------------------------
@@ -86,6 +94,7 @@ class EdgeWorker:
                             self._proxied_factory(listener),
                             lambda reason: metrics.REFUSED.labels(reason).inc(),
                             self.config.http.send_timeout_s,
+                            self.admit,
                         )
                     )
                 )
@@ -97,6 +106,7 @@ class EdgeWorker:
                         self._factory(listener),
                         tls.handshake_timeout_s,
                         send_timeout_s=self.config.http.send_timeout_s,
+                        admit=self.admit,
                     )
                 )
         self._tasks.append(asyncio.create_task(self._sweep()))
@@ -110,6 +120,17 @@ class EdgeWorker:
             return _TrustCheckingConnection(self, networks)
 
         return factory
+
+    def admit(self, client_ip: str) -> Callable[[], None] | None:
+        """Admission of a new connection (edge.admission): the callable that
+        releases its place, or None when it is refused (counted, logged rarely)."""
+        refusal = self.admission.admit(client_ip)
+        if refusal is not None:
+            self.tally.add(metrics.REFUSED, refusal.value)
+            throttled.warning("refused a connection from %s: %s", client_ip, refusal.value)
+            return None
+        release = self.admission.release
+        return lambda: release(client_ip)
 
     def _proxied_factory(
         self, listener: ListenerConfig
@@ -137,7 +158,7 @@ class EdgeWorker:
         for task in self._tasks:
             task.cancel()
         for connection in list(self.connections):
-            if connection.state in ("idle", "head"):
+            if connection.phase in (Phase.IDLE, Phase.HEAD):
                 connection.close_idle("draining")
         deadline = time.monotonic() + self.config.edge.drain_timeout_s
         while self.connections and time.monotonic() < deadline:
@@ -157,6 +178,14 @@ class EdgeWorker:
 
     async def _sweep(self) -> None:
         http = self.config.http
+        deadlines = Deadlines(
+            header_s=http.header_timeout_s,
+            keepalive_s=http.keepalive_timeout_s,
+            body_s=http.body_timeout_s,
+            response_s=http.response_timeout_s,
+            tunnel_idle_s=http.websocket_idle_timeout_s,
+            long_poll_prefixes=http.long_poll_prefixes,
+        )
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             self.tally.publish()
@@ -164,14 +193,9 @@ class EdgeWorker:
                 self.access_log.flush()
             now = time.monotonic()
             for connection in list(self.connections):
-                idle_for = now - connection.last_activity
-                state = connection.state
-                if state == "head" and idle_for > http.header_timeout_s:
-                    connection.close_idle("header timeout")
-                elif state == "idle" and idle_for > http.keepalive_timeout_s:
-                    connection.close_idle("keep-alive timeout")
-                elif state == "tunnel" and idle_for > http.websocket_idle_timeout_s:
-                    connection.close_idle("websocket idle timeout")
+                missed = expired(connection, deadlines, now)
+                if missed is not None:
+                    connection.time_out(missed)
             self._export_tunnel_metrics()
 
     def _export_tunnel_metrics(self) -> None:
