@@ -93,9 +93,10 @@ async def serve_proxy_listener(
     ssl_context: ssl.SSLContext,
     handshake_timeout_s: float,
     factory: Callable[[tuple[str, int]], asyncio.Protocol],
-    on_refused: Callable[[str], None],
+    on_refused: Callable[[tuple[str, int], str], None],
     send_timeout_s: float = SEND_TIMEOUT_S,
     admit: Callable[[str], Callable[[], None] | None] | None = None,
+    on_failed: Callable[[object, str], None] | None = None,
 ) -> None:
     """Accept loop of a listener behind a PROXY-protocol load balancer.
     ``admit``: as :class:`edge.tls_transport.TlsListener`'s, asked about the
@@ -129,11 +130,13 @@ async def serve_proxy_listener(
                 LINGER_S,
                 send_timeout_s,
                 release,
+                on_failed,
             )
         except (PeerRefused, TimeoutError, OSError) as exc:
             reason = str(exc) or type(exc).__name__
-            log.warning("refused connection from %s:%s: %s", peer[0], peer[1], reason)
-            on_refused("proxy_protocol")
+            if isinstance(exc, TimeoutError):
+                reason = "no PROXY header within the timeout"
+            on_refused(peer, f"PROXY protocol: {reason}")
             conn.close()
 
     while True:

@@ -111,7 +111,7 @@ class ClientConnection(asyncio.Protocol):
         self.response_paused = False
         self._client_paused = False
         self._closing = False
-        self._reject_after: bytes | None = None
+        self._reject_after: PendingRequest | None = None  # answered after the rest
         self._client_eof = False
         self._batch: list[bytes] | None = None
         self._queued = 0  # octets written to the client transport, ever
@@ -252,9 +252,9 @@ class ClientConnection(asyncio.Protocol):
         if location is None:
             self._reject(400, "cannot redirect without Host and an origin-form target")
             return
-        self._write(redirect_response(location))
-        self.worker.log_rejected(self, 301)
-        self._close()
+        request = self._edge_request(301, "redirected to HTTPS", "redirected", head_host=host)
+        request.path = path
+        self._answer_with(request, redirect_response(location))
 
     def _open_stream(self, host: str | None, request_id: str) -> bool:
         assert self.metadata is not None
@@ -348,20 +348,43 @@ class ClientConnection(asyncio.Protocol):
         # else: close once the outstanding responses are written (_response_done)
 
     def _reject(self, status: int, reason: str, mid_request: bool = False) -> None:
-        throttled.info("rejected request from %s: %d %s", _peer_text(self.metadata), status, reason)
         self.worker.count_error(f"http_{status}")
         if mid_request:
-            self._reject_mid_request(status)
+            self._reject_mid_request(status, reason)
             return
+        request = self._edge_request(status, reason, "rejected")
         if self.pending:  # answer after the responses already on their way
-            self._reject_after = error_response(status)
+            self._reject_after = request
             self._pause_client_reading()
             return
-        self._write(error_response(status))
-        self.worker.log_rejected(self, status)
+        self._answer_with(request, error_response(status))
+
+    def _edge_request(
+        self, status: int, reason: str, outcome: str, head_host: str | None = None
+    ) -> PendingRequest:
+        """The record of something the edge answers itself (no head went up)."""
+        return PendingRequest(
+            method="",
+            path="",
+            host=head_host,
+            request_id="",
+            started=time.monotonic(),
+            replay=None,
+            websocket_key=None,
+            status=status,
+            outcome=outcome,
+            reason=reason,
+        )
+
+    def _answer_with(self, request: PendingRequest, data: bytes) -> None:
+        """Write the edge's own answer to ``request``, log it once sent, close."""
+        request.out_start = self._queued
+        request.bytes_out = len(data)
+        self._write(data)
+        self._request_done(request)
         self._close()
 
-    def _reject_mid_request(self, status: int) -> None:
+    def _reject_mid_request(self, status: int, reason: str) -> None:
         """The request whose head went up broke the rules in its body (or behind
         its WebSocket handshake): reset its stream at once, so the backend
         connection is not reused and nobody waits for a response that cannot
@@ -372,10 +395,12 @@ class ClientConnection(asyncio.Protocol):
         if upstream is not None and upstream.stream is not None:
             upstream.stream.abort(ErrorCode.CANCEL)
         if request is None:
-            self._write(error_response(status))
-            self._close()
+            self._answer_with(
+                self._edge_request(status, reason, "rejected"), error_response(status)
+            )
             return
         request.outcome = "rejected"
+        request.reason = reason
         if self.pending or request.answered:
             request.status = request.status or status
             self.pending.append(request)
@@ -387,13 +412,10 @@ class ClientConnection(asyncio.Protocol):
         """The edge answers ``request`` itself (nothing of another response went
         out for it) and closes once that answer is sent."""
         body = None if reason is None else f"{status} {reason}\n"
-        request.out_start = self._queued
-        data = error_response(status, body=body, request_id=request.request_id)
-        request.bytes_out = len(data)
         request.status = status
-        self._write(data)
-        self._request_done(request)
-        self._close()
+        self._answer_with(
+            request, error_response(status, body=body, request_id=request.request_id or None)
+        )
 
     # -- upstream side -------------------------------------------------------------
 
@@ -470,8 +492,8 @@ class ClientConnection(asyncio.Protocol):
         if self.pending:
             return
         if self._reject_after is not None:
-            self._write(self._reject_after)
-            self._close()
+            rejected, self._reject_after = self._reject_after, None
+            self._answer_with(rejected, error_response(rejected.status))
         elif (
             (request is not None and not request.keep_alive)
             or self._client_eof

@@ -111,6 +111,7 @@ class TlsServerTransport(asyncio.Transport):
         "_lingered_s",
         "_loop",
         "_on_closed",
+        "_on_failed",
         "_paused_writing",
         "_peer",
         "_protocol",
@@ -137,11 +138,14 @@ class TlsServerTransport(asyncio.Transport):
         linger_s: float = LINGER_S,
         send_timeout_s: float = SEND_TIMEOUT_S,
         on_closed: Callable[[], None] | None = None,
+        on_failed: Callable[[Any, str], None] | None = None,
     ) -> None:
         """``on_closed``: called once when the socket is closed, whatever the
-        reason (a failed handshake too): admission counts are released there."""
+        reason (a failed handshake too): admission counts are released there.
+        ``on_failed(peername, reason)``: the handshake failed or timed out."""
         self._loop = loop
         self._on_closed = on_closed
+        self._on_failed = on_failed
         self._linger_s = linger_s
         self._lingered_s = 0.0
         self._send_timeout_s = send_timeout_s
@@ -215,6 +219,8 @@ class TlsServerTransport(asyncio.Transport):
             return
         except (ssl.SSLError, OSError) as exc:
             log.debug("TLS handshake with %s failed: %s", self._peername(), exc)
+            if self._on_failed is not None:
+                self._on_failed(self._peername(), _handshake_error(exc))
             self._close_socket(None, notify=False)
             return
         self._state = _OPEN
@@ -503,6 +509,8 @@ class TlsServerTransport(asyncio.Transport):
     def _timed_out(self) -> None:
         self._timer = None
         log.debug("TLS handshake with %s timed out", self._peername())
+        if self._on_failed is not None:
+            self._on_failed(self._peername(), "TLS handshake timeout")
         self._close_socket(None, notify=False)
 
     def _close_socket(self, exc: Exception | None, *, notify: bool = True) -> None:
@@ -538,6 +546,15 @@ class TlsServerTransport(asyncio.Transport):
         return self._peer
 
 
+def _handshake_error(exc: BaseException) -> str:
+    """A short reason for the log: OpenSSL's own words, without the file and line."""
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return f"TLS handshake failed: {exc.reason}"
+    if isinstance(exc, ssl.SSLEOFError | ConnectionError) or not str(exc):
+        return "TLS handshake failed: closed by the client"
+    return f"TLS handshake failed: {exc}"
+
+
 class TlsListener:
     """Accepts on a listening socket (owned by the caller) and starts a
     :class:`TlsServerTransport` per connection; :meth:`close` stops accepting.
@@ -555,9 +572,11 @@ class TlsListener:
         linger_s: float = LINGER_S,
         send_timeout_s: float = SEND_TIMEOUT_S,
         admit: Callable[[str], Callable[[], None] | None] | None = None,
+        on_failed: Callable[[Any, str], None] | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._admit = admit
+        self._on_failed = on_failed
         self._linger_s = linger_s
         self._send_timeout_s = send_timeout_s
         self._sock = sock
@@ -603,6 +622,7 @@ class TlsListener:
                     self._linger_s,
                     self._send_timeout_s,
                     release,
+                    self._on_failed,
                 )
             except OSError as exc:  # reset before we got to it: only this one is lost
                 log.debug("connection lost while being set up: %s", exc)

@@ -92,9 +92,10 @@ class EdgeWorker:
                             self.certificates.context,
                             tls.handshake_timeout_s,
                             self._proxied_factory(listener),
-                            lambda reason: metrics.REFUSED.labels(reason).inc(),
+                            lambda peer, reason: self.log_refused(peer, reason, "proxy_refused"),
                             self.config.http.send_timeout_s,
                             self.admit,
+                            self._tls_failed,
                         )
                     )
                 )
@@ -107,6 +108,7 @@ class EdgeWorker:
                         tls.handshake_timeout_s,
                         send_timeout_s=self.config.http.send_timeout_s,
                         admit=self.admit,
+                        on_failed=self._tls_failed,
                     )
                 )
         self._tasks.append(asyncio.create_task(self._sweep()))
@@ -121,13 +123,15 @@ class EdgeWorker:
 
         return factory
 
+    def _tls_failed(self, peer: object, reason: str) -> None:
+        self.log_refused(peer, reason, "tls_failed")
+
     def admit(self, client_ip: str) -> Callable[[], None] | None:
         """Admission of a new connection (edge.admission): the callable that
         releases its place, or None when it is refused (counted, logged rarely)."""
         refusal = self.admission.admit(client_ip)
         if refusal is not None:
-            self.tally.add(metrics.REFUSED, refusal.value)
-            throttled.warning("refused a connection from %s: %s", client_ip, refusal.value)
+            self.log_refused((client_ip,), f"{refusal.value} reached", refusal.value)
             return None
         release = self.admission.release
         return lambda: release(client_ip)
@@ -242,8 +246,18 @@ class EdgeWorker:
     def count_error(self, reason: str) -> None:
         self.tally.add(metrics.ERRORS, reason)
 
-    def log_rejected(self, connection: ClientConnection, status: int) -> None:
-        self.tally.add(metrics.REQUESTS, str(status))
+    def log_refused(self, peer: object, reason: str, outcome: str) -> None:
+        """A connection that ended before any request, for a reason: one line."""
+        client_ip = peer[0] if isinstance(peer, tuple) and peer else None
+        self.tally.add(metrics.REFUSED, outcome)
+        if outcome != "tls_failed":  # scanners fail handshakes all day: log line only
+            throttled.warning("refused connection from %s: %s", client_ip, reason)
+        if self.access_log is not None:
+            self.access_log.log(
+                client_ip=client_ip, method=None, host=None, path=None, status=0,
+                bytes_in=0, bytes_out=0, duration_ms=0.0, worker=self._pid,
+                outcome=outcome, reason=reason,
+            )  # fmt: skip
 
     def log_request(self, connection: ClientConnection, request: PendingRequest, sent: int) -> None:
         """One access-log line; ``sent``: octets of the response the client was sent."""
@@ -273,9 +287,10 @@ class EdgeWorker:
             duration_ms=round((now - request.started) * 1000, 3),
             upstream_ms=upstream_ms,
             origin=getattr(upstream_protocol, "origin", None),
-            request_id=request.request_id,
+            request_id=request.request_id or None,
             worker=self._pid,
             outcome=request.outcome,
+            **({"reason": request.reason} if request.reason else {}),
         )
 
 
