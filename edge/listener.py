@@ -66,25 +66,37 @@ async def read_proxy_header(
     loop: asyncio.AbstractEventLoop, sock: socket.socket
 ) -> tuple[str, int] | None:
     """Consume exactly one PROXY header from ``sock``; the client address (None
-    for a LOCAL header, e.g. the load balancer's own health check)."""
-    while True:
-        await _wait_readable(loop, sock)
-        peeked = sock.recv(_MAX_PEEK, socket.MSG_PEEK)
-        if not peeked:
-            raise PeerRefused("closed before sending a PROXY header")
-        if looks_like_proxy_header(peeked) is False:
-            raise PeerRefused("no PROXY header from a trusted peer")
-        parser = ProxyHeaderParser(max_v2_bytes=4096)  # peeked bytes are re-read whole
-        try:
-            header = parser.feed(peeked)
-        except ProxyProtocolError as exc:
-            raise PeerRefused(f"malformed PROXY header: {exc}") from None
-        if header is not None:
-            sock.recv(len(peeked) - len(parser.remainder))  # the header only; TLS follows
-            return header.source
-        if len(peeked) >= _MAX_PEEK:
-            raise PeerRefused("PROXY header too long")
-        await asyncio.sleep(0.001)  # partial header: wait for the rest
+    for a LOCAL header, e.g. the load balancer's own health check).
+
+    The header is peeked, not read, so that not one byte of the ClientHello
+    behind it is taken from OpenSSL. While it is incomplete, ``SO_RCVLOWAT``
+    (one more octet than is buffered) makes the socket readable only when more
+    arrives or the peer closes: no polling, and a close mid-header is seen."""
+    buffered = 0
+    try:
+        while True:
+            await _wait_readable(loop, sock)
+            peeked = sock.recv(_MAX_PEEK, socket.MSG_PEEK)
+            if len(peeked) <= buffered:
+                raise PeerRefused("closed inside the PROXY header")
+            buffered = len(peeked)
+            if looks_like_proxy_header(peeked) is False:
+                raise PeerRefused("no PROXY header from a trusted peer")
+            parser = ProxyHeaderParser(max_v2_bytes=4096)  # peeked bytes are re-read whole
+            try:
+                header = parser.feed(peeked)
+            except ProxyProtocolError as exc:
+                raise PeerRefused(f"malformed PROXY header: {exc}") from None
+            if header is not None:
+                sock.recv(len(peeked) - len(parser.remainder))  # the header only; TLS follows
+                return header.source
+            if buffered >= _MAX_PEEK:
+                raise PeerRefused("PROXY header too long")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, buffered + 1)
+    finally:
+        if buffered:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
 
 
 async def serve_proxy_listener(

@@ -151,13 +151,13 @@ class ClientConnection(asyncio.Protocol):
         self._dispatch_requests(self.reader.feed(data))  # type: ignore[union-attr]
         self._update_state()
 
-    def eof_received(self) -> bool | None:
+    def eof_received(self) -> bool:
+        """The client closed its sending side (a TCP FIN, with or without a
+        close_notify): keep ours open while responses are on their way, as
+        HAProxy does without ``abortonclose``; ``_on_client_closed`` closes
+        when there is nothing left to send."""
         self._dispatch_requests(self.reader.feed_eof())  # type: ignore[union-attr]
-        # Plain TCP: keep our side open, responses may still be on their way.
-        # TLS has no half-close (asyncio warns if we ask for it).
-        if self.transport is not None and self.transport.get_extra_info("ssl_object") is None:
-            return True
-        return None
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         release, self._release = self._release, None
@@ -573,6 +573,7 @@ class ClientConnection(asyncio.Protocol):
         if request is not None and not request.answered:
             self.pending.popleft()
             request.outcome = outcome
+            request.reason = reason
             for later in self.pending:  # pipelined behind it: never sent an answer
                 later.outcome = "not_sent"
                 self._request_done(later)
@@ -686,6 +687,7 @@ class ClientConnection(asyncio.Protocol):
         for request in self.pending:
             if request.outcome == "ok":
                 request.outcome = outcome if request.answered else "not_sent"
+                request.reason = request.reason or reason
             if not request.answered and not request.status:
                 request.status = 502
         self._unflushed.extend(self.pending)

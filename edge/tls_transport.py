@@ -105,6 +105,7 @@ class TlsServerTransport(asyncio.Transport):
         "__weakref__",
         "_buffered",
         "_closing",
+        "_eof_seen",
         "_fd",
         "_flushed_callback",
         "_linger_s",
@@ -157,6 +158,7 @@ class TlsServerTransport(asyncio.Transport):
         self._protocol = protocol
         self._state = _HANDSHAKE
         self._closing = False
+        self._eof_seen = False  # the client closed its side: nothing more to read
         self._reading = True
         self._writer = False
         self._paused_writing = False
@@ -246,6 +248,10 @@ class TlsServerTransport(asyncio.Transport):
                 self._close_socket(exc)
                 return
             if not data:
+                # TCP half-close (or close_notify): the response may still go out
+                # if the protocol says so; stop watching a socket that stays readable.
+                self._eof_seen = True
+                self._loop.remove_reader(self._fd)
                 if not protocol.eof_received():
                     self.close()
                 return
@@ -388,13 +394,13 @@ class TlsServerTransport(asyncio.Transport):
     def pause_reading(self) -> None:
         if self._reading:
             self._reading = False
-            if self._state == _OPEN:
+            if self._state == _OPEN and not self._eof_seen:
                 self._loop.remove_reader(self._fd)
 
     def resume_reading(self) -> None:
         if not self._reading:
             self._reading = True
-            if self._state == _OPEN:
+            if self._state == _OPEN and not self._eof_seen:
                 self._loop.add_reader(self._fd, self._on_readable)
                 if self._tls.pending():
                     self._loop.call_soon(self._on_readable)
@@ -464,7 +470,7 @@ class TlsServerTransport(asyncio.Transport):
         plaintext); uvloop's server never sent one early either."""
         if self._state == _OPEN:
             self._state = _SHUTDOWN
-            if not self._reading:  # from now on client bytes are discarded
+            if not self._reading or self._eof_seen:  # from now on client bytes are discarded
                 self._loop.add_reader(self._fd, self._on_readable)
         try:
             self._tls.shutdown()

@@ -80,6 +80,7 @@ def write_edge_config(
     listener_extra: str = "",
     tls_extra: str = "",
     extra_top: str = "",
+    tls_keys: str = "",
 ) -> Path:
     origin_tables = "\n".join(
         f"""
@@ -111,6 +112,7 @@ address = "127.0.0.1:{https_port}"
 {listener_extra}
 
 [tls]
+{tls_keys}
 [[tls.certificates]]
 cert = "{pki.server.cert}"
 key = "{pki.server.key}"
@@ -171,8 +173,16 @@ class Stack:
         finally:
             conn.close()
 
+    @property
+    def origin_log(self) -> Path:
+        return self.log.parent / "origin.log"
+
     def start_origin(self) -> None:
-        self.origin = self.procs.start(self.origin_cmd, cwd=ROOT)
+        out = open(self.origin_log, "ab")  # noqa: SIM115 - closed by the process' exit
+        self.origin = self.procs.start(
+            self.origin_cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+        )
+        out.close()
         wait_port(self.origin_port)
 
     def stop_origin(self) -> None:
@@ -252,6 +262,7 @@ def edge_stack(
     extra_top: str = "",
     backend_port: int | None = None,
     origin_pool_extra: str = "",
+    tls_keys: str = "",
 ) -> Iterator[Stack]:
     """A Node backend (or ``backend_port``), the real origin balancer and an edge."""
     procs = Processes()
@@ -282,6 +293,7 @@ def edge_stack(
         extra=extra,
         tls_extra=tls_extra,
         extra_top=extra_top,
+        tls_keys=tls_keys,
     )
     log = tmp / "edge.log"
     edge = start_edge(procs, config, log)

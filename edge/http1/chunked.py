@@ -16,7 +16,9 @@ extension longer than ``max_chunk_extension_bytes`` or not matching the
 ABNF; whitespace between size and ``;`` (llhttp's strict mode agrees); chunk
 data not followed by CRLF; a bare LF anywhere in the framing; a trailer
 section that is larger than ``max_header_bytes`` or not made of well-formed
-field lines.
+field lines. With ``max_body_bytes`` (the request side), a chunk whose
+declared size takes the body past it is refused with 413 as soon as its size
+line is read, before its data arrives.
 """
 
 from __future__ import annotations
@@ -31,9 +33,19 @@ _SIZE, _DATA, _DATA_CRLF, _TRAILERS, _DONE = range(5)
 class ChunkedScanner:
     """Walks chunked framing; the caller owns the buffer and any unconsumed tail."""
 
-    __slots__ = ("_max_digits", "_max_extension", "_max_trailer", "_remaining", "_state")
+    __slots__ = (
+        "_declared",
+        "_max_body",
+        "_max_digits",
+        "_max_extension",
+        "_max_trailer",
+        "_remaining",
+        "_state",
+    )
 
-    def __init__(self, limits: HttpLimits) -> None:
+    def __init__(self, limits: HttpLimits, max_body_bytes: int | None = None) -> None:
+        self._max_body = max_body_bytes
+        self._declared = 0
         self._max_digits = limits.max_chunk_size_digits
         self._max_extension = limits.max_chunk_extension_bytes
         self._max_trailer = limits.max_header_bytes
@@ -74,6 +86,10 @@ class ChunkedScanner:
                     self._check_partial_size_line(data, pos)
                     return pos
                 self._remaining = self._parse_size_line(data[pos:line_end])
+                if self._max_body is not None:
+                    self._declared += self._remaining
+                    if self._declared > self._max_body:
+                        raise MessageRejected(413, "chunked body above max_body_bytes")
                 pos = line_end + 2
                 self._state = _DATA if self._remaining else _TRAILERS
             elif state == _DATA_CRLF:

@@ -60,7 +60,6 @@ class RequestReader:
 
     __slots__ = (
         "_chunked",
-        "_chunked_bytes",
         "_eof",
         "_head",
         "_held",
@@ -86,7 +85,6 @@ class RequestReader:
         self._head = HeadParser(limits, response=False)
         self._chunked: ChunkedScanner | None = None
         self._remaining = 0
-        self._chunked_bytes = 0
         self._keep_alive = True
         self._stash = b""
         self._held = b""
@@ -235,8 +233,7 @@ class RequestReader:
             events.append(RequestCompleted())
             self._state = _UPGRADE_HELD
         elif head.chunked:
-            self._chunked = ChunkedScanner(self._limits)
-            self._chunked_bytes = 0
+            self._chunked = ChunkedScanner(self._limits, self._limits.max_body_bytes)
             self._state = _BODY_CHUNKED
         elif head.content_length:
             self._remaining = head.content_length
@@ -251,9 +248,6 @@ class RequestReader:
         end = scanner.scan(data, pos, spans)
         parts: list[bytes | memoryview] = []
         if spans:
-            self._chunked_bytes += sum(stop - start for start, stop in spans)
-            if self._chunked_bytes > self._limits.max_body_bytes:
-                raise MessageRejected(413, "chunked body above max_body_bytes")
             view = memoryview(data)
             for start, stop in spans:
                 parts += (b"%x\r\n" % (stop - start), view[start:stop], b"\r\n")

@@ -17,7 +17,7 @@ canonical form, so the backend sees exactly one unambiguous framing:
   ``xchunked`` → 400 (chunked not final, RFC 9112 §6.3), twice → 400;
   any ``Transfer-Encoding`` in an HTTP/1.0 request → 400 (RFC 9112 §6.1).
 
-Target: origin-form; ``*`` only with OPTIONS; absolute-form only for ``http``
+Target: origin-form, without a fragment; ``*`` only with OPTIONS; absolute-form only for ``http``
 or ``https`` with an authority equal (ASCII case-insensitively) to the Host
 field, and then rewritten to origin-form (we have no notion of "other" hosts
 to proxy to, so a mismatch is a confused or malicious client → 400). CONNECT
@@ -282,6 +282,8 @@ def _check_host(hosts: list[bytes], version: bytes) -> bytes | None:
 
 
 def _origin_form(method: bytes, target: bytes, host: bytes | None) -> bytes:
+    if b"#" in target:  # no form of request-target has one (RFC 9112 §3.2)
+        raise MessageRejected(400, "fragment in the request target")
     if target[:1] == b"/":
         return target
     if target == b"*":
