@@ -1,10 +1,11 @@
 """Tunnel transports: mutual TLS 1.3 over TCP, or plain TCP inside WireGuard.
 
 Both ends share the configuration types here. The listener (origin) admits a
-peer only if its certificate identity is allowed (TLS) or its address falls in
-an allowed CIDR (TCP inside WireGuard, where WireGuard has already
-authenticated the peer's key and bound it to that address). Every refusal is
-logged with its reason.
+peer only if its certificate is an *edge* certificate whose identity is
+allowed (TLS), or its address falls in an allowed CIDR (TCP inside WireGuard,
+where WireGuard has already authenticated the peer's key and bound it to that
+address). The dialer (edge) accepts only an *origin* certificate for the name
+it dialed. Every refusal is logged with its reason.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tunnel.aio.connection import (
 from tunnel.aio.tls import tunnel_client_context, tunnel_server_context
 from tunnel.mux import SessionConfig
 from tunnel.mux.errors import MuxError
-from tunnel.runtime.pki import peer_identity
+from tunnel.runtime.pki import PeerRole, parse_peer_name
 
 log = logging.getLogger("geoedge.tunnel")
 
@@ -113,20 +114,48 @@ class TunnelDialConfig:
             raise ValueError("connections must be at least 1")
 
 
+def check_peer_certificate(
+    der: bytes | None, *, expect_role: PeerRole, allowed: frozenset[str]
+) -> str:
+    """The identity of a verified tunnel peer certificate, or :class:`PeerRefused`.
+
+    The certificate must name its role in its ``geoedge://<role>/<id>`` URI SAN
+    (:func:`tunnel.runtime.pki.issue_peer_cert` writes it), and the role must be
+    ``expect_role``: an origin admits only ``edge`` certificates and an edge
+    dials only ``origin`` ones, so the key of one side can never pose as the
+    other, whatever ``allowed`` says. A certificate without the URI SAN (its
+    identity would come from the CN) names no role and is refused too. Then
+    the identity must be in ``allowed`` (``"*"``: any).
+    """
+    if der is None:
+        raise PeerRefused("no peer certificate")
+    name = parse_peer_name(der)
+    if name is None:
+        raise PeerRefused("certificate carries no geoedge identity")
+    if name.role != expect_role:
+        found = f"role {name.role!r}" if name.role else "no role (no geoedge:// URI SAN)"
+        raise PeerRefused(
+            f"certificate of {name.identity!r} has {found}, expected role {expect_role!r}"
+        )
+    if "*" not in allowed and name.identity not in allowed:
+        raise PeerRefused(f"identity {name.identity!r} is not in allowed_identities")
+    return name.identity
+
+
 @dataclass(frozen=True, slots=True)
 class _TlsAuthorizer:
     allowed: frozenset[str]
-    expect_role: str | None = None
+    expect_role: PeerRole
 
     def __call__(self, transport: asyncio.Transport) -> ConnectionInfo:
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is None:
             raise PeerRefused("no TLS session")
-        identity = peer_identity(ssl_object.getpeercert(binary_form=True))
-        if identity is None:
-            raise PeerRefused("certificate carries no geoedge identity")
-        if "*" not in self.allowed and identity not in self.allowed:
-            raise PeerRefused(f"identity {identity!r} is not in allowed_identities")
+        identity = check_peer_certificate(
+            ssl_object.getpeercert(binary_form=True),
+            expect_role=self.expect_role,
+            allowed=self.allowed,
+        )
         return ConnectionInfo(identity, _peer(transport), "tls")
 
 
@@ -173,7 +202,7 @@ async def serve_tunnel(
     """Listen for edges. ``sock`` lets worker processes share one listening socket."""
     loop = asyncio.get_running_loop()
     if config.transport == "tls":
-        authorize: Authorizer = _TlsAuthorizer(frozenset(config.allowed_identities))
+        authorize: Authorizer = _TlsAuthorizer(frozenset(config.allowed_identities), "edge")
         ssl_context = ssl_context or listener_ssl_context(config)
     else:
         authorize = _CidrAuthorizer(config.allowed_peers)
@@ -215,7 +244,7 @@ async def dial_tunnel(
     host, port = parse_host_port(config.address)
     if config.transport == "tls":
         ssl_context = ssl_context or dial_ssl_context(config)
-        authorize: Authorizer = _TlsAuthorizer(frozenset({"*"}))
+        authorize: Authorizer = _TlsAuthorizer(frozenset({"*"}), "origin")
         server_name: str | None = config.server_name or host
     else:
         ssl_context, authorize, server_name = None, _accept_any, None
