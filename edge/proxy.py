@@ -61,6 +61,7 @@ from edge.http1 import (
     error_response,
     https_location,
     redirect_response,
+    with_field,
 )
 from edge.upstream import PendingRequest, Upstream, peer_address, stream_metadata
 from tunnel.aio.stream import StreamResetError
@@ -96,6 +97,7 @@ class ClientConnection(asyncio.Protocol):
         self._trusted = trusted
         self._client_address = client_address
         self._scheme = scheme
+        self._hsts = worker.hsts_field if scheme == "https" else None  # [tls] hsts_max_age_s
         self.transport: asyncio.Transport | None = None
         self.reader: RequestReader | None = None
         self.upstream: Upstream | None = None
@@ -328,10 +330,10 @@ class ClientConnection(asyncio.Protocol):
         log.info("rejected request from %s: %d %s", _peer_text(self.metadata), status, reason)
         self.worker.count_error(f"http_{status}")
         if self.pending:  # answer after the responses already on their way
-            self._reject_after = error_response(status)
+            self._reject_after = self._own(error_response(status))
             self._pause_client_reading()
             return
-        self._write(error_response(status))
+        self._write(self._own(error_response(status)))
         self.worker.log_rejected(self, status)
         self._close()
 
@@ -340,7 +342,7 @@ class ClientConnection(asyncio.Protocol):
         out for it) and closes once that answer is sent."""
         body = f"{status} {reason}\n"
         request.out_start = self._queued
-        data = error_response(status, body=body, request_id=request.request_id)
+        data = self._own(error_response(status, body=body, request_id=request.request_id))
         request.bytes_out = len(data)
         request.status = status
         self._write(data)
@@ -391,7 +393,12 @@ class ClientConnection(asyncio.Protocol):
         elif kind is BackendClosed:
             self._on_backend_closed(upstream, event)  # type: ignore[arg-type]
 
+    def _own(self, response: bytes) -> bytes:
+        """A response the edge writes itself, with the fields it adds to every one."""
+        return response if self._hsts is None else with_field(response, self._hsts)
+
     def _on_response_head(self, head: ResponseHeadReceived) -> None:
+        data = head.head if head.status < 200 else self._own(head.head)
         if self.pending:
             request = self.pending[0]
             if not request.first_byte:
@@ -401,9 +408,9 @@ class ClientConnection(asyncio.Protocol):
             if request.websocket_key is not None and head.status != 101 and head.status >= 200:
                 self._dispatch_requests(self.reader.upgrade_refused())  # type: ignore[union-attr]
             if not request.keep_alive and head.status >= 200 and head.status != 101:
-                self._write_response_bytes(closing_head(head.head))
+                self._write_response_bytes(closing_head(data))
                 return
-        self._write_response_bytes(head.head)
+        self._write_response_bytes(data)
 
     def _write_response_bytes(self, data: bytes) -> None:
         if self.pending:
@@ -648,7 +655,7 @@ class ClientConnection(asyncio.Protocol):
     def close_idle(self, reason: str) -> None:
         """Called by the worker's sweeper (timeouts) and on drain."""
         if self.state == _HEAD and reason == "header timeout":
-            self._write(error_response(408))
+            self._write(self._own(error_response(408)))
         log.debug("closing %s: %s", _peer_text(self.metadata), reason)
         self._close()
 
