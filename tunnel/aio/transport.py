@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import re
 import socket
 import ssl
 from collections.abc import Callable
@@ -42,20 +43,44 @@ class TunnelHandshakeError(ConnectionError):
     (TLS alert, identity not allowed) or spoke something else."""
 
 
+#: A DNS name as resolvers take it: dot-separated labels of letters, digits,
+#: hyphens and (for service names such as Consul's) underscores.
+_NUMERIC = re.compile(r"[0-9.]+")
+_DNS_NAME = re.compile(r"(?=.{1,253}\.?$)([A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\.?)+")
+
+
 def parse_host_port(text: str, default_port: int | None = None) -> tuple[str, int]:
-    """``host:port``, ``[v6]:port`` or (with a default) a bare host."""
+    """``host:port``, ``[v6]:port`` or (with a default) a bare host. The host
+    must be an IP address (IPv6 in brackets) or a DNS name: ``app#x:80``,
+    ``http://app:80`` or ``a b:80`` are refused, not passed on to a resolver."""
     host, sep, port = text.rpartition(":")
     if not sep or (host.count(":") and not host.startswith("[")):
         if default_port is None:
             raise ValueError(f"{text!r}: expected host:port")
         host, port = text, str(default_port)
-    host = host.strip("[]")
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError(f"{text!r}: {host} is not an IPv6 address") from None
+        host = host[1:-1]
+    elif not is_host_name(host):
+        raise ValueError(f"{text!r}: host must be an IP address or a DNS name")
     if not port.isascii() or not port.isdigit() or not 0 < len(port) <= 5:
         raise ValueError(f"{text!r}: port must be 0-65535")
     number = sum(int(c) * 10**i for i, c in enumerate(reversed(port)))
     if number > 65535:
         raise ValueError(f"{text!r}: port must be 0-65535")
     return host, number
+
+
+def is_host_name(text: str) -> bool:
+    """An IPv4 address or a DNS name (all-numeric names must be IPv4 addresses)."""
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        return _DNS_NAME.fullmatch(text) is not None and not _NUMERIC.fullmatch(text)
+    return True
 
 
 @dataclass(frozen=True, slots=True)
