@@ -77,13 +77,14 @@ def edge_files(config: EdgeConfig) -> list[FileCheck]:
     return checks
 
 
-def preflight(path: str) -> tuple[EdgeConfig, CertificateStore]:
+def preflight(path: str, *, service_gid: int | None) -> tuple[EdgeConfig, CertificateStore]:
     """Load the config, open every file, build the TLS contexts: what ``--check``
-    does and what start-up does before it binds anything. Raises
+    does and what start-up does before it binds anything (``service_gid``: see
+    :func:`~tunnel.runtime.preflight.key_mode_problem`). Raises
     :class:`ConfigError`, :class:`PreflightError`, :class:`TlsConfigError` or
     :class:`TunnelTlsError`, each naming the file or the setting."""
     config = load_config(path, EdgeConfig)
-    check_files(edge_files(config))
+    check_files(edge_files(config), service_gid=service_gid)
     certificates = CertificateStore(config.tls)
     for origin in config.origins:
         try:
@@ -209,9 +210,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--user goes with --check (the service manager picks the daemon's user)")
     configure_logging(args.log_level, json=args.log_format == "json")
     if args.check:
-        return run_as(args.user, lambda: _check(args.config)) if args.user else _check(args.config)
+        if args.user:
+            return run_as(args.user, lambda: _check(args.config, os.getegid()))
+        # Root checking for a service it was not named: its group is unknown.
+        return _check(args.config, None if os.geteuid() == 0 else os.getegid())
     try:
-        config, certificates = preflight(args.config)
+        config, certificates = preflight(args.config, service_gid=os.getegid())
     except (ConfigError, PreflightError, TlsConfigError, TunnelTlsError) as exc:
         _report(args.config, exc)
         return 2
@@ -231,9 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _check(path: str) -> int:
+def _check(path: str, service_gid: int | None) -> int:
     try:
-        config, certificates = preflight(path)
+        config, certificates = preflight(path, service_gid=service_gid)
     except (ConfigError, PreflightError, TlsConfigError, TunnelTlsError) as exc:
         _report(path, exc)
         return 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -61,11 +62,12 @@ def origin_files(config: OriginConfig) -> list[FileCheck]:
     ]
 
 
-def preflight(path: str) -> OriginConfig:
+def preflight(path: str, *, service_gid: int | None) -> OriginConfig:
     """Load the config, open every file it names, build the tunnel's TLS context:
-    what ``--check`` does and what start-up does first."""
+    what ``--check`` does and what start-up does first (``service_gid``: see
+    :func:`~tunnel.runtime.preflight.key_mode_problem`)."""
     config = load_origin_config(path)
-    check_files(origin_files(config))
+    check_files(origin_files(config), service_gid=service_gid)
     try:
         listener_ssl_context(config.tunnel_listener)
     except TunnelTlsError as exc:
@@ -79,9 +81,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.user and not args.check:
         parser.error("--user goes with --check (the service manager picks the daemon's user)")
     if args.check:
-        return run_as(args.user, lambda: _check(args.config)) if args.user else _check(args.config)
+        if args.user:
+            return run_as(args.user, lambda: _check(args.config, os.getegid()))
+        # Root checking for a service it was not named: its group is unknown.
+        return _check(args.config, None if os.geteuid() == 0 else os.getegid())
     try:
-        config = preflight(args.config)
+        config = preflight(args.config, service_gid=os.getegid())
     except (ConfigError, PreflightError, TunnelTlsError) as exc:
         _report(args.config, exc)
         return 2
@@ -97,9 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def _check(path: str) -> int:
+def _check(path: str, service_gid: int | None) -> int:
     try:
-        config = preflight(path)
+        config = preflight(path, service_gid=service_gid)
     except (ConfigError, PreflightError, TunnelTlsError) as exc:
         _report(path, exc)
         return 2

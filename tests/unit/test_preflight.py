@@ -26,6 +26,11 @@ def fake_stat(mode: int, gid: int) -> os.stat_result:
     return os.stat_result((stat.S_IFREG | mode, 0, 0, 1, 0, gid, 100, 0, 0, 0))
 
 
+def test_without_the_services_group_only_everyone_is_refused() -> None:
+    assert key_mode_problem(Path("/k"), fake_stat(0o640, 7), service_gid=None) is None
+    assert key_mode_problem(Path("/k"), fake_stat(0o644, 7), service_gid=None) is not None
+
+
 @pytest.mark.parametrize(
     ("mode", "gid", "problem"),
     [
@@ -73,7 +78,8 @@ def test_every_problem_is_reported_with_its_setting(tmp_path: Path) -> None:
         f"directory {tmp_path / 'no-dir'} does not exist",
     ]
     key.chmod(0o600)
-    check_files([*checks[:2], FileCheck(tmp_path / "a.log", "log file", "[http] access_log")])
+    log = FileCheck(tmp_path / "a.log", "log file", "[http] access_log")
+    check_files([*checks[:2], log], service_gid=None)
 
 
 def test_a_listen_error_names_the_setting_the_address_and_the_reason() -> None:

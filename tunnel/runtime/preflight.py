@@ -10,6 +10,8 @@ setting, never a worker crash loop or a traceback.
   others, or for a group other than the service's own group (``root:geoedge
   0640`` with the service in group ``geoedge`` is fine; ``0644`` is not).
   Every problem is reported, not just the first.
+  At start-up the service's group is the daemon's own; ``--check`` run as
+  root without ``--user`` cannot know it and checks only the "others" bits.
 - :func:`run_as` runs a check as another user (``--check --user geoedge`` as
   root): a forked child drops to that user's uid, gid and groups, so the
   answer is the service's own, permissions and ACLs included.
@@ -75,12 +77,14 @@ class FileCheck:
     """Where the config names it, e.g. ``[[tls.certificates]] key``."""
 
 
-def key_mode_problem(path: Path, st: os.stat_result, service_gid: int) -> str | None:
-    """Why a private key's permissions are unsafe, or None (pure: a stat result in)."""
+def key_mode_problem(path: Path, st: os.stat_result, service_gid: int | None) -> str | None:
+    """Why a private key's permissions are unsafe, or None (pure: a stat result
+    in). ``service_gid`` None: the service's group is not known (``--check`` as
+    root without ``--user``), so only access for everyone is refused."""
     mode = stat.S_IMODE(st.st_mode)
     if mode & 0o007:
         who = "everyone"
-    elif mode & 0o070 and st.st_gid != service_gid:
+    elif mode & 0o070 and service_gid is not None and st.st_gid != service_gid:
         who = f"group {_group_name(st.st_gid)}, which is not the service's"
     else:
         return None
@@ -90,10 +94,11 @@ def key_mode_problem(path: Path, st: os.stat_result, service_gid: int) -> str | 
     )
 
 
-def check_files(checks: Iterable[FileCheck], *, service_gid: int | None = None) -> None:
+def check_files(checks: Iterable[FileCheck], *, service_gid: int | None) -> None:
     """Open (or, for a log file, check writable) every file in ``checks`` as
-    this process; :class:`PreflightError` lists every problem."""
-    gid = os.getegid() if service_gid is None else service_gid
+    this process; :class:`PreflightError` lists every problem. ``service_gid``:
+    the group the service runs as (see :func:`key_mode_problem`)."""
+    gid = service_gid
     problems: list[str] = []
     seen: set[Path] = set()
     for check in checks:
@@ -107,7 +112,7 @@ def check_files(checks: Iterable[FileCheck], *, service_gid: int | None = None) 
         raise PreflightError(problems)
 
 
-def _check_one(check: FileCheck, service_gid: int) -> str | None:
+def _check_one(check: FileCheck, service_gid: int | None) -> str | None:
     path = check.path
     if check.kind == "log file":
         return _check_writable(path)
