@@ -134,6 +134,16 @@ def bindings() -> _Bindings:
     return _Bindings(lib)
 
 
+@functools.cache
+def _bindings_if_available() -> ctypes.CDLL | None:
+    """The library, or None (once: a failed check is not repeated per call)."""
+    try:
+        return bindings().lib
+    except OpenSslUnavailable as exc:
+        log.warning("TLS sessions of aborted connections are not kept: %s", exc)
+        return None
+
+
 def _read_pointer(obj: object, index: int) -> int:
     """The ``index``-th pointer after the object header of a C-level ``_ssl`` object."""
     address = id(obj) + _HEADER_BYTES + index * _POINTER_BYTES
@@ -181,9 +191,8 @@ def mark_shut_down(connection: object) -> None:
     """Mark a handshaken connection as shut down without sending anything, so
     that freeing it keeps its session resumable (nginx's ``ngx_ssl_shutdown``
     on an error). No-op when the bindings are unavailable."""
-    try:
-        lib = bindings().lib
-    except OpenSslUnavailable:
+    lib = _bindings_if_available()
+    if lib is None:
         return
     pointer = _connection_pointer(connection)
     if pointer:

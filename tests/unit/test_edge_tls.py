@@ -62,6 +62,21 @@ def test_a_group_name_that_cannot_be_one_is_a_config_error(tmp_path: Path) -> No
         load_config(path, EdgeConfig)
 
 
+def test_without_the_bindings_groups_are_a_clear_error(
+    test_pki: PkiFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an interpreter whose ssl layout is not the known one, setting groups
+    fails at start with the reason and the way out; OpenSSL's list still works."""
+
+    def unavailable() -> None:
+        raise openssl.OpenSslUnavailable("pypy 3.10: the layout is known for CPython only")
+
+    monkeypatch.setattr(openssl, "bindings", unavailable)
+    with pytest.raises(TlsConfigError, match=r"\[tls\] groups: .*CPython only.*groups = \[\]"):
+        CertificateStore(tls(test_pki))
+    CertificateStore(tls(test_pki, groups=()))
+
+
 def test_the_bindings_check_their_layout_and_find_libssl() -> None:
     lib = openssl.bindings().lib
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
