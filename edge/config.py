@@ -38,19 +38,38 @@ class EdgeSection:
 
 @dataclass(frozen=True, slots=True)
 class ListenerConfig:
+    """One HTTPS listener. Trust follows the hop (README "Trust"): a PROXY header
+    vouches for TCP addresses only, so an L4 load balancer in ``trusted_proxies``
+    never makes the client's HTTP forwarding headers trustworthy; only the HTTP
+    hop in front, when listed in ``http_proxies``, may set them."""
+
     address: str = "0.0.0.0:443"
     """host:port to listen on with TLS."""
     proxy_protocol: bool = False
     """Expect a PROXY v1/v2 header first (an AWS NLB in front); only accepted
     from ``trusted_proxies``."""
     trusted_proxies: tuple[Network, ...] = ()
-    """Peers allowed to send PROXY headers and X-Forwarded-* headers (kept and
-    appended to); from everyone else these headers are stripped."""
+    """With ``proxy_protocol``: the load balancers (CIDRs) allowed to send a PROXY
+    header. A connection from them must carry one; from anyone else a PROXY
+    header is refused as spoofing."""
+    http_proxies: tuple[Network, ...] = ()
+    """HTTP proxies in front (CIDRs) whose forwarding headers (X-Forwarded-For,
+    Forwarded, X-Real-IP, X-Forwarded-Proto/Host/Port, X-Request-Id) are kept
+    and appended to; from every other client they are replaced. The address
+    checked is the one that spoke HTTP to the edge: the PROXY header's source
+    on a ``proxy_protocol`` listener, the TCP peer otherwise. Empty (the
+    default): nobody's are trusted."""
 
     def __post_init__(self) -> None:
         parse_host_port(self.address)
         if self.proxy_protocol and not self.trusted_proxies:
             raise ValueError("proxy_protocol needs trusted_proxies (the load balancer's CIDRs)")
+        if self.trusted_proxies and not self.proxy_protocol:
+            raise ValueError(
+                "trusted_proxies lists PROXY-protocol load balancers and needs"
+                " proxy_protocol = true; for HTTP proxies that set X-Forwarded-For"
+                " use http_proxies"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,10 +164,24 @@ class TlsConfig:
 
 @dataclass(frozen=True, slots=True)
 class HttpConfig:
+    """Deadlines (edge/deadlines.py has the table) and limits of client HTTP."""
+
     header_timeout_s: float = 10.0
-    """A request head must arrive whole within this (slowloris)."""
+    """A request head must arrive whole within this of its first octet (an
+    absolute deadline, so a trickle cannot extend it: slowloris) → 408."""
     keepalive_timeout_s: float = 75.0
     """Idle keep-alive connections are closed after this."""
+    body_timeout_s: float = 30.0
+    """A request body must progress at least this often → 408, and its stream
+    is reset (nginx's ``client_body_timeout``)."""
+    response_timeout_s: float = 60.0
+    """A response must start, and then progress, at least this often → 504 (or
+    a close once it has started), the stream reset (nginx's
+    ``proxy_read_timeout``, HAProxy's ``timeout server``). Time the client's
+    own slow reading holds it up does not count."""
+    long_poll_prefixes: tuple[str, ...] = ()
+    """Request paths (prefixes) that may wait ``websocket_idle_timeout_s`` for
+    their response instead: long polling."""
     websocket_idle_timeout_s: float = 3600.0
     """Upgraded connections with no traffic either way are closed after this."""
     tunnel_wait_s: float = 5.0
@@ -160,6 +193,30 @@ class HttpConfig:
     limits: HttpLimits = field(default_factory=HttpLimits)
     access_log: str = "-"
     """File for JSON access-log lines; ``-`` is stdout, empty disables it."""
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    """Admission, per worker process (edge/admission.py): with N workers an
+    edge holds at most N times each cap."""
+
+    max_connections: int = 10_000
+    """Client connections one worker holds; past it new ones are closed right
+    after accept(), before any TLS handshake."""
+    max_connections_per_client_ip: int = 256
+    """Client connections from one address (after PROXY protocol) one worker
+    holds; past it new ones are closed at once."""
+    requests_per_s_per_client_ip: float = 0.0
+    """Sustained requests a second from one address (token bucket); more get
+    429 and a close. 0 turns the limit off."""
+    request_burst: int = 100
+    """How many requests above the rate one address may send at once."""
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1 or self.max_connections_per_client_ip < 1:
+            raise ValueError("connection caps must be at least 1")
+        if self.requests_per_s_per_client_ip < 0 or self.request_burst < 1:
+            raise ValueError("requests_per_s_per_client_ip >= 0 and request_burst >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +247,7 @@ class EdgeConfig:
     listeners: tuple[ListenerConfig, ...] = (ListenerConfig(),)
     redirect: RedirectListenerConfig | None = None
     http: HttpConfig = field(default_factory=HttpConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     tunnel: SessionConfig = field(default_factory=SessionConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
 

@@ -6,8 +6,9 @@ itself, reads exactly the header with ``MSG_PEEK`` (so not one byte of the
 ClientHello is consumed), and then starts the edge's TLS transport on it
 (:class:`edge.tls_transport.TlsServerTransport`). Headers are accepted only from the
 configured trusted CIDRs; a trusted peer without a header, or an untrusted one
-with a header, is refused with a logged reason (issue: "connections without the
-header from those peers, or with it from others, are refused").
+with a header, is refused with a logged reason. The header vouches for the TCP
+addresses only: whether the client's forwarding headers are trusted is decided
+from its source address and the listener's ``http_proxies`` (README "Trust").
 
 The accept loop survives EMFILE by sleeping, as trio's does, instead of dying.
 """
@@ -91,11 +92,15 @@ async def serve_proxy_listener(
     config: ListenerConfig,
     ssl_context: ssl.SSLContext,
     handshake_timeout_s: float,
-    factory: Callable[[tuple[str, int] | None, bool], asyncio.Protocol],
-    on_refused: Callable[[str], None],
+    factory: Callable[[tuple[str, int]], asyncio.Protocol],
+    on_refused: Callable[[tuple[str, int], str], None],
     send_timeout_s: float = SEND_TIMEOUT_S,
+    admit: Callable[[str], Callable[[], None] | None] | None = None,
+    on_failed: Callable[[object, str], None] | None = None,
 ) -> None:
-    """Accept loop of a listener behind a PROXY-protocol load balancer."""
+    """Accept loop of a listener behind a PROXY-protocol load balancer.
+    ``admit``: as :class:`edge.tls_transport.TlsListener`'s, asked about the
+    client address the PROXY header gives (the balancer's own is shared)."""
     loop = asyncio.get_running_loop()
     sock.setblocking(False)
     tasks: set[asyncio.Task[None]] = set()
@@ -112,19 +117,26 @@ async def serve_proxy_listener(
             else:
                 async with asyncio.timeout(PROXY_HEADER_TIMEOUT_S):
                     client = await read_proxy_header(loop, conn) or peer
+            release = admit(client[0]) if admit is not None else None
+            if admit is not None and release is None:
+                conn.close()
+                return
             TlsServerTransport(
                 loop,
                 conn,
                 ssl_context,
-                factory(client, True),
+                factory(client),
                 handshake_timeout_s,
                 LINGER_S,
                 send_timeout_s,
+                release,
+                on_failed,
             )
         except (PeerRefused, TimeoutError, OSError) as exc:
             reason = str(exc) or type(exc).__name__
-            log.warning("refused connection from %s:%s: %s", peer[0], peer[1], reason)
-            on_refused("proxy_protocol")
+            if isinstance(exc, TimeoutError):
+                reason = "no PROXY header within the timeout"
+            on_refused(peer, f"PROXY protocol: {reason}")
             conn.close()
 
     while True:

@@ -40,8 +40,10 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from edge.deadlines import Missed, Phase
 from edge.http1 import (
     BackendClosed,
     ClientClosed,
@@ -77,8 +79,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("geoedge.edge")
 throttled = LogThrottle(log)
 
-_HEAD, _IDLE, _BUSY, _TUNNEL = "head", "idle", "busy", "tunnel"
-
 
 class ClientConnection(asyncio.Protocol):
     """One client connection (after TLS and PROXY protocol)."""
@@ -104,17 +104,24 @@ class ClientConnection(asyncio.Protocol):
         self.pending: deque[PendingRequest] = deque()
         self.metadata: StreamMetadata | None = None
         self._encoded_metadata: bytes | None = None
-        self.state = _IDLE
-        self.last_activity = time.monotonic()
+        now = time.monotonic()
+        # The clock the deadlines read (edge.deadlines.Clock).
+        self.phase = Phase.IDLE
+        self.phase_since = now
+        self.client_active_at = now
+        self.upstream_active_at = now
+        self.response_paused = False
         self._client_paused = False
         self._closing = False
-        self._reject_after: bytes | None = None
+        self._reject_after: PendingRequest | None = None  # answered after the rest
         self._client_eof = False
         self._batch: list[bytes] | None = None
         self._queued = 0  # octets written to the client transport, ever
         self._unflushed: deque[PendingRequest] = deque()  # complete, not yet in the kernel
         self._held_events: list[Any] | None = None  # waiting for a tunnel (from a head on)
         self._tunnel_wait: asyncio.TimerHandle | None = None
+        self._release: Callable[[], None] | None = None  # admission, plain HTTP only
+        self._client_ip = ""
 
     # -- client side ------------------------------------------------------------
 
@@ -132,10 +139,17 @@ class ClientConnection(asyncio.Protocol):
             server_port=local[1] if local else 443,
         )
         self.reader = RequestReader(worker.http_limits, context, worker.new_request_id)
+        self._client_ip = context.client_ip
+        if self._redirect is not None:  # plain HTTP: admitted here, TLS in its listener
+            self._release = worker.admit(context.client_ip)
+            if self._release is None:
+                self._closing = True
+                transport.abort()
+                return
         worker.connection_opened(self)
 
     def data_received(self, data: bytes) -> None:
-        self.last_activity = time.monotonic()
+        self.client_active_at = time.monotonic()
         self._dispatch_requests(self.reader.feed(data))  # type: ignore[union-attr]
         self._update_state()
 
@@ -148,6 +162,9 @@ class ClientConnection(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
         self._closing = True
         self._stop_waiting_for_tunnel()
         upstream, self.upstream = self.upstream, None
@@ -161,11 +178,14 @@ class ClientConnection(asyncio.Protocol):
         self.worker.connection_closed(self)
 
     def pause_writing(self) -> None:
+        self.response_paused = True
         upstream = self.upstream
         if upstream is not None and upstream.stream is not None:
             upstream.stream.pause_reading()
 
     def resume_writing(self) -> None:
+        self.response_paused = False
+        self.upstream_active_at = time.monotonic()  # the wait was the client's
         upstream = self.upstream
         if upstream is not None and upstream.stream is not None:
             upstream.stream.resume_reading()
@@ -194,7 +214,7 @@ class ClientConnection(asyncio.Protocol):
             elif kind is RequestHeadReceived:
                 self._on_request_head(event)
             elif kind is RequestRejected:
-                self._reject(event.status, event.reason)
+                self._reject(event.status, event.reason, event.mid_request)
             elif kind is ClientClosed:
                 self._on_client_closed()
 
@@ -202,6 +222,9 @@ class ClientConnection(asyncio.Protocol):
         worker = self.worker
         if worker.draining:
             self._reject(503, "edge is draining")
+            return
+        if not worker.request_rate.allow(self._client_ip, self.client_active_at):
+            self._reject(429, "request rate limit")
             return
         path = head.target.decode("latin-1")
         if self._redirect is not None and not path.startswith(self._redirect.pass_through_prefixes):
@@ -231,9 +254,9 @@ class ClientConnection(asyncio.Protocol):
         if location is None:
             self._reject(400, "cannot redirect without Host and an origin-form target")
             return
-        self._write(redirect_response(location))
-        self.worker.log_rejected(self, 301)
-        self._close()
+        request = self._edge_request(301, "redirected to HTTPS", "redirected", head_host=host)
+        request.path = path
+        self._answer_with(request, redirect_response(location))
 
     def _open_stream(self, host: str | None, request_id: str) -> bool:
         assert self.metadata is not None
@@ -318,7 +341,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _on_client_closed(self) -> None:
         self._client_eof = True
-        if self.state == _TUNNEL:
+        if self.phase is Phase.TUNNEL:
             upstream = self.upstream
             if upstream is not None and upstream.stream is not None:
                 upstream.stream.write_eof()  # half-close travels through the tunnel
@@ -326,35 +349,83 @@ class ClientConnection(asyncio.Protocol):
             self._close()
         # else: close once the outstanding responses are written (_response_done)
 
-    def _reject(self, status: int, reason: str) -> None:
-        log.info("rejected request from %s: %d %s", _peer_text(self.metadata), status, reason)
+    def _reject(self, status: int, reason: str, mid_request: bool = False) -> None:
         self.worker.count_error(f"http_{status}")
+        if mid_request:
+            self._reject_mid_request(status, reason)
+            return
+        request = self._edge_request(status, reason, "rejected")
         if self.pending:  # answer after the responses already on their way
-            self._reject_after = self._own(error_response(status))
+            self._reject_after = request
             self._pause_client_reading()
             return
-        self._write(self._own(error_response(status)))
-        self.worker.log_rejected(self, status)
-        self._close()
+        self._answer_with(request, error_response(status))
 
-    def _answer_and_close(self, request: PendingRequest, status: int, reason: str) -> None:
-        """The edge answers ``request`` itself (nothing of another response went
-        out for it) and closes once that answer is sent."""
-        body = f"{status} {reason}\n"
+    def _edge_request(
+        self, status: int, reason: str, outcome: str, head_host: str | None = None
+    ) -> PendingRequest:
+        """The record of something the edge answers itself (no head went up)."""
+        return PendingRequest(
+            method="",
+            path="",
+            host=head_host,
+            request_id="",
+            started=time.monotonic(),
+            replay=None,
+            websocket_key=None,
+            status=status,
+            outcome=outcome,
+            reason=reason,
+        )
+
+    def _answer_with(self, request: PendingRequest, data: bytes) -> None:
+        """Write the edge's own answer to ``request``, log it once sent, close."""
+        data = self._own(data)
         request.out_start = self._queued
-        data = self._own(error_response(status, body=body, request_id=request.request_id))
         request.bytes_out = len(data)
-        request.status = status
         self._write(data)
         self._request_done(request)
         self._close()
+
+    def _reject_mid_request(self, status: int, reason: str) -> None:
+        """The request whose head went up broke the rules in its body (or behind
+        its WebSocket handshake): reset its stream at once, so the backend
+        connection is not reused and nobody waits for a response that cannot
+        come, and answer now, or close when responses to earlier pipelined
+        requests were still on that stream (they are lost with it)."""
+        request = self.pending.pop() if self.pending else None
+        upstream, self.upstream = self.upstream, None
+        if upstream is not None and upstream.stream is not None:
+            upstream.stream.abort(ErrorCode.CANCEL)
+        if request is None:
+            self._answer_with(
+                self._edge_request(status, reason, "rejected"), error_response(status)
+            )
+            return
+        request.outcome = "rejected"
+        request.reason = reason
+        if self.pending or request.answered:
+            request.status = request.status or status
+            self.pending.append(request)
+            self._abort_client("request rejected mid-body", "rejected")
+        else:
+            self._answer_and_close(request, status, None)
+
+    def _answer_and_close(self, request: PendingRequest, status: int, reason: str | None) -> None:
+        """The edge answers ``request`` itself (nothing of another response went
+        out for it) and closes once that answer is sent."""
+        body = None if reason is None else f"{status} {reason}\n"
+        request.status = status
+        self._answer_with(
+            request, error_response(status, body=body, request_id=request.request_id or None)
+        )
 
     # -- upstream side -------------------------------------------------------------
 
     def _upstream_data(self, upstream: Upstream, data: bytes) -> None:
         if upstream is not self.upstream:
             return
-        self.last_activity = time.monotonic()
+        self.upstream_active_at = time.monotonic()
         # Everything one upstream read produces (a response head and its body,
         # several pipelined responses) goes to the client in one write: one TLS
         # record and one send instead of one per event (the client's transport
@@ -377,7 +448,7 @@ class ClientConnection(asyncio.Protocol):
             self._response_done(close=event.close_after)  # type: ignore[attr-defined]
         elif kind is WebSocketAccepted:
             held = self.reader.upgrade_accepted()  # type: ignore[union-attr]
-            self.state = _TUNNEL
+            self.phase = Phase.TUNNEL
             if self.pending:
                 self.pending[0].status = 101
                 self._request_done(self.pending.popleft())
@@ -394,7 +465,7 @@ class ClientConnection(asyncio.Protocol):
             self._on_backend_closed(upstream, event)  # type: ignore[arg-type]
 
     def _own(self, response: bytes) -> bytes:
-        """A response the edge writes itself, with the fields it adds to every one."""
+        """A response head with the fields the edge adds to every final HTTPS one."""
         return response if self._hsts is None else with_field(response, self._hsts)
 
     def _on_response_head(self, head: ResponseHeadReceived) -> None:
@@ -429,8 +500,8 @@ class ClientConnection(asyncio.Protocol):
         if self.pending:
             return
         if self._reject_after is not None:
-            self._write(self._reject_after)
-            self._close()
+            rejected, self._reject_after = self._reject_after, None
+            self._answer_with(rejected, error_response(rejected.status))
         elif (
             (request is not None and not request.keep_alive)
             or self._client_eof
@@ -449,7 +520,7 @@ class ClientConnection(asyncio.Protocol):
     def _upstream_eof(self, upstream: Upstream) -> None:
         if upstream is not self.upstream:
             return
-        if self.state == _TUNNEL:
+        if self.phase is Phase.TUNNEL:
             if self.transport is not None and self.transport.can_write_eof():
                 self.transport.write_eof()
             self._close()
@@ -463,12 +534,12 @@ class ClientConnection(asyncio.Protocol):
             return
         self.upstream = None
         if exc is None or self._closing:
-            if self.state == _TUNNEL or self.pending:
+            if self.phase is Phase.TUNNEL or self.pending:
                 self._close()
             return
         code = exc.code if isinstance(exc, StreamResetError) else ErrorCode.INTERNAL_ERROR
         reason = f"stream reset: {ErrorCode.name_of(code)}"
-        if self.state == _TUNNEL:
+        if self.phase is Phase.TUNNEL:
             self._abort_client(f"upgraded {reason}", "upstream_reset")
         elif not self.pending:
             return  # between requests: the next request takes a fresh stream
@@ -529,17 +600,26 @@ class ClientConnection(asyncio.Protocol):
     # -- shared ----------------------------------------------------------------------
 
     def _update_state(self) -> None:
+        """The phase the deadlines apply to (edge.deadlines)."""
         reader = self.reader
-        if self.state == _TUNNEL or reader is None:
+        if self.phase is Phase.TUNNEL or reader is None:
             return
         if self.pending or self._held_events is not None:
-            self.state = _BUSY
+            phase = Phase.SENDING if reader.in_body else Phase.WAITING
         elif reader.in_head:
-            if self.state != _HEAD:
-                self.state = _HEAD
-                self.last_activity = time.monotonic()
+            phase = Phase.HEAD
         else:
-            self.state = _IDLE
+            phase = Phase.IDLE
+        if phase is not self.phase:
+            now = time.monotonic()
+            if phase is Phase.WAITING and self.phase is not Phase.WAITING:
+                self.upstream_active_at = now  # the wait for a response starts
+            self.phase = phase
+            self.phase_since = now
+
+    @property
+    def awaited_path(self) -> str:
+        return self.pending[0].path if self.pending else ""
 
     def _write(self, data: bytes) -> None:
         if self._closing:
@@ -610,9 +690,10 @@ class ClientConnection(asyncio.Protocol):
     def _abort_client(self, reason: str, outcome: str) -> None:
         """A response cannot be completed (its start already went out): close the
         connection without close_notify, so the client sees it was cut."""
-        log.info("closing %s: %s", _peer_text(self.metadata), reason)
+        throttled.info("closing %s: %s", _peer_text(self.metadata), reason)
         for request in self.pending:
-            request.outcome = outcome if request.answered else "not_sent"
+            if request.outcome == "ok":
+                request.outcome = outcome if request.answered else "not_sent"
             if not request.answered and not request.status:
                 request.status = 502
         self._unflushed.extend(self.pending)
@@ -628,7 +709,7 @@ class ClientConnection(asyncio.Protocol):
         self._closing = True
         upstream, self.upstream = self.upstream, None
         if upstream is not None and upstream.stream is not None:
-            if self.state == _TUNNEL:
+            if self.phase is Phase.TUNNEL:
                 upstream.stream.close()
             else:
                 upstream.stream.abort(self._stream_end_code(upstream))
@@ -653,11 +734,30 @@ class ClientConnection(asyncio.Protocol):
         return ErrorCode.CANCEL
 
     def close_idle(self, reason: str) -> None:
-        """Called by the worker's sweeper (timeouts) and on drain."""
-        if self.state == _HEAD and reason == "header timeout":
-            self._write(self._own(error_response(408)))
+        """Close between exchanges (drain, and its deadline for the rest)."""
         log.debug("closing %s: %s", _peer_text(self.metadata), reason)
         self._close()
+
+    def time_out(self, missed: Missed) -> None:
+        """The sweep found a missed deadline (edge.deadlines)."""
+        self.worker.count_error(missed.name.lower() + "_timeout")
+        if missed is Missed.HEADER:
+            self._reject(408, missed.value)
+        elif missed is Missed.BODY:
+            self._reject(408, missed.value, mid_request=True)
+        elif missed is Missed.RESPONSE:
+            throttled.warning("%s for %s", missed.value, _peer_text(self.metadata))
+            request = self.pending[0] if self.pending else None
+            if request is not None and not request.answered:
+                upstream, self.upstream = self.upstream, None
+                if upstream is not None and upstream.stream is not None:
+                    upstream.stream.abort(ErrorCode.CANCEL)
+                self._fail_upstream(504, missed.value, "upstream_timeout")
+            else:
+                self._abort_client(missed.value, "upstream_timeout")
+        else:
+            log.debug("closing %s: %s", _peer_text(self.metadata), missed.value)
+            self._close()
 
 
 def _peer_text(metadata: StreamMetadata | None) -> str:

@@ -117,6 +117,8 @@ class TlsServerTransport(asyncio.Transport):
         "_linger_s",
         "_lingered_s",
         "_loop",
+        "_on_closed",
+        "_on_failed",
         "_paused_writing",
         "_peer",
         "_protocol",
@@ -142,8 +144,15 @@ class TlsServerTransport(asyncio.Transport):
         handshake_timeout_s: float,
         linger_s: float = LINGER_S,
         send_timeout_s: float = SEND_TIMEOUT_S,
+        on_closed: Callable[[], None] | None = None,
+        on_failed: Callable[[Any, str], None] | None = None,
     ) -> None:
+        """``on_closed``: called once when the socket is closed, whatever the
+        reason (a failed handshake too): admission counts are released there.
+        ``on_failed(peername, reason)``: the handshake failed or timed out."""
         self._loop = loop
+        self._on_closed = on_closed
+        self._on_failed = on_failed
         self._linger_s = linger_s
         self._lingered_s = 0.0
         self._send_timeout_s = send_timeout_s
@@ -217,6 +226,8 @@ class TlsServerTransport(asyncio.Transport):
             return
         except (ssl.SSLError, OSError) as exc:
             log.debug("TLS handshake with %s failed: %s", self._peername(), exc)
+            if self._on_failed is not None:
+                self._on_failed(self._peername(), _handshake_error(exc))
             self._close_socket(None, notify=False)
             return
         self._state = _OPEN
@@ -505,6 +516,8 @@ class TlsServerTransport(asyncio.Transport):
     def _timed_out(self) -> None:
         self._timer = None
         log.debug("TLS handshake with %s timed out", self._peername())
+        if self._on_failed is not None:
+            self._on_failed(self._peername(), "TLS handshake timeout")
         self._close_socket(None, notify=False)
 
     def _close_socket(self, exc: Exception | None, *, notify: bool = True) -> None:
@@ -524,6 +537,9 @@ class TlsServerTransport(asyncio.Transport):
         self._buffered = 0
         self._flushed_callback = None
         self._sock.close()
+        on_closed, self._on_closed = self._on_closed, None
+        if on_closed is not None:
+            on_closed()
         if notify and was_open:
             self._loop.call_soon(self._protocol.connection_lost, exc)
 
@@ -541,9 +557,22 @@ class TlsServerTransport(asyncio.Transport):
         return self._peer
 
 
+def _handshake_error(exc: BaseException) -> str:
+    """A short reason for the log: OpenSSL's own words, without the file and line."""
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return f"TLS handshake failed: {exc.reason}"
+    if isinstance(exc, ssl.SSLEOFError | ConnectionError) or not str(exc):
+        return "TLS handshake failed: closed by the client"
+    return f"TLS handshake failed: {exc}"
+
+
 class TlsListener:
     """Accepts on a listening socket (owned by the caller) and starts a
-    :class:`TlsServerTransport` per connection; :meth:`close` stops accepting."""
+    :class:`TlsServerTransport` per connection; :meth:`close` stops accepting.
+
+    ``admit(client_ip)``, when given, runs right after ``accept()``: it returns
+    the callable that releases the connection's place (called when its socket
+    closes), or None to refuse it: the socket is closed before any TLS."""
 
     def __init__(
         self,
@@ -553,8 +582,12 @@ class TlsListener:
         handshake_timeout_s: float,
         linger_s: float = LINGER_S,
         send_timeout_s: float = SEND_TIMEOUT_S,
+        admit: Callable[[str], Callable[[], None] | None] | None = None,
+        on_failed: Callable[[Any, str], None] | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
+        self._admit = admit
+        self._on_failed = on_failed
         self._linger_s = linger_s
         self._send_timeout_s = send_timeout_s
         self._sock = sock
@@ -570,7 +603,7 @@ class TlsListener:
         loop, sock = self._loop, self._sock
         for _ in range(ACCEPT_BATCH):
             try:
-                conn, _ = sock.accept()
+                conn, peer = sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -582,6 +615,12 @@ class TlsListener:
                 if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
                     continue
                 raise
+            release = None
+            if self._admit is not None:
+                release = self._admit(peer[0])
+                if release is None:
+                    conn.close()
+                    continue
             try:
                 conn.setblocking(False)
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -593,10 +632,14 @@ class TlsListener:
                     self._handshake_timeout_s,
                     self._linger_s,
                     self._send_timeout_s,
+                    release,
+                    self._on_failed,
                 )
             except OSError as exc:  # reset before we got to it: only this one is lost
                 log.debug("connection lost while being set up: %s", exc)
                 conn.close()
+                if release is not None:
+                    release()
 
     def _resume_accepting(self) -> None:
         self._resume = None

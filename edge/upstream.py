@@ -48,6 +48,8 @@ class PendingRequest:
     retried: bool = False
     outcome: str = "ok"
     """How it ended, for the access log (README "Access log")."""
+    reason: str = ""
+    """Why the edge answered or refused it itself (logs only, never the wire)."""
 
     @property
     def answered(self) -> bool:

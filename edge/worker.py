@@ -18,7 +18,9 @@ import time
 from collections.abc import Callable
 
 from edge import metrics
+from edge.admission import ConnectionAdmission, RequestRate
 from edge.config import EdgeConfig, ListenerConfig
+from edge.deadlines import Deadlines, Phase, expired
 from edge.http1 import HttpLimits
 from edge.listener import is_trusted, serve_proxy_listener
 from edge.origins import OriginSet
@@ -28,9 +30,10 @@ from edge.tls_transport import TlsListener
 from edge.upstream import PendingRequest
 from tunnel.aio.stream import TunnelStream
 from tunnel.mux import StreamMetadata
-from tunnel.runtime.logs import AccessLog
+from tunnel.runtime.logs import AccessLog, LogThrottle
 
 log = logging.getLogger("geoedge.edge")
+throttled = LogThrottle(log)
 
 SWEEP_INTERVAL_S = 1.0
 
@@ -61,6 +64,11 @@ class EdgeWorker:
         self._id_counter = itertools.count(1)
         self.access_log = _open_access_log(config)
         self.tally = metrics.Tally()
+        limits = config.limits
+        self.admission = ConnectionAdmission(
+            limits.max_connections, limits.max_connections_per_client_ip
+        )
+        self.request_rate = RequestRate(limits.requests_per_s_per_client_ip, limits.request_burst)
         self._stream_origin: dict[int, str] = {}
 
     # -- life cycle -----------------------------------------------------------------
@@ -86,11 +94,11 @@ class EdgeWorker:
                             listener,
                             self.certificates.context,
                             tls.handshake_timeout_s,
-                            lambda client, trusted: ClientConnection(
-                                self, trusted=trusted, client_address=client
-                            ),
-                            lambda reason: metrics.REFUSED.labels(reason).inc(),
+                            self._proxied_factory(listener),
+                            lambda peer, reason: self.log_refused(peer, reason, "proxy_refused"),
                             self.config.http.send_timeout_s,
+                            self.admit,
+                            self._tls_failed,
                         )
                     )
                 )
@@ -102,17 +110,44 @@ class EdgeWorker:
                         self._factory(listener),
                         tls.handshake_timeout_s,
                         send_timeout_s=self.config.http.send_timeout_s,
+                        admit=self.admit,
+                        on_failed=self._tls_failed,
                     )
                 )
         self._tasks.append(asyncio.create_task(self._sweep()))
 
     def _factory(self, listener: ListenerConfig) -> Callable[[], ClientConnection]:
-        networks = listener.trusted_proxies
+        networks = listener.http_proxies
         if not networks:  # nobody is trusted: skip the per-connection address check
             return lambda: ClientConnection(self, trusted=False)
 
         def factory() -> ClientConnection:
             return _TrustCheckingConnection(self, networks)
+
+        return factory
+
+    def _tls_failed(self, peer: object, reason: str) -> None:
+        self.log_refused(peer, reason, "tls_failed")
+
+    def admit(self, client_ip: str) -> Callable[[], None] | None:
+        """Admission of a new connection (edge.admission): the callable that
+        releases its place, or None when it is refused (counted, logged rarely)."""
+        refusal = self.admission.admit(client_ip)
+        if refusal is not None:
+            self.log_refused((client_ip,), f"{refusal.value} reached", refusal.value)
+            return None
+        release = self.admission.release
+        return lambda: release(client_ip)
+
+    def _proxied_factory(
+        self, listener: ListenerConfig
+    ) -> Callable[[tuple[str, int]], ClientConnection]:
+        """Connections of a PROXY listener: the client is the header's source."""
+        networks = listener.http_proxies
+
+        def factory(client: tuple[str, int]) -> ClientConnection:
+            trusted = bool(networks) and is_trusted(client[0], networks)
+            return ClientConnection(self, trusted=trusted, client_address=client)
 
         return factory
 
@@ -130,7 +165,7 @@ class EdgeWorker:
         for task in self._tasks:
             task.cancel()
         for connection in list(self.connections):
-            if connection.state in ("idle", "head"):
+            if connection.phase in (Phase.IDLE, Phase.HEAD):
                 connection.close_idle("draining")
         deadline = time.monotonic() + self.config.edge.drain_timeout_s
         while self.connections and time.monotonic() < deadline:
@@ -150,6 +185,14 @@ class EdgeWorker:
 
     async def _sweep(self) -> None:
         http = self.config.http
+        deadlines = Deadlines(
+            header_s=http.header_timeout_s,
+            keepalive_s=http.keepalive_timeout_s,
+            body_s=http.body_timeout_s,
+            response_s=http.response_timeout_s,
+            tunnel_idle_s=http.websocket_idle_timeout_s,
+            long_poll_prefixes=http.long_poll_prefixes,
+        )
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             self.tally.publish()
@@ -157,14 +200,9 @@ class EdgeWorker:
                 self.access_log.flush()
             now = time.monotonic()
             for connection in list(self.connections):
-                idle_for = now - connection.last_activity
-                state = connection.state
-                if state == "head" and idle_for > http.header_timeout_s:
-                    connection.close_idle("header timeout")
-                elif state == "idle" and idle_for > http.keepalive_timeout_s:
-                    connection.close_idle("keep-alive timeout")
-                elif state == "tunnel" and idle_for > http.websocket_idle_timeout_s:
-                    connection.close_idle("websocket idle timeout")
+                missed = expired(connection, deadlines, now)
+                if missed is not None:
+                    connection.time_out(missed)
             self._export_tunnel_metrics()
 
     def _export_tunnel_metrics(self) -> None:
@@ -211,8 +249,18 @@ class EdgeWorker:
     def count_error(self, reason: str) -> None:
         self.tally.add(metrics.ERRORS, reason)
 
-    def log_rejected(self, connection: ClientConnection, status: int) -> None:
-        self.tally.add(metrics.REQUESTS, str(status))
+    def log_refused(self, peer: object, reason: str, outcome: str) -> None:
+        """A connection that ended before any request, for a reason: one line."""
+        client_ip = peer[0] if isinstance(peer, tuple) and peer else None
+        self.tally.add(metrics.REFUSED, outcome)
+        if outcome != "tls_failed":  # scanners fail handshakes all day: log line only
+            throttled.warning("refused connection from %s: %s", client_ip, reason)
+        if self.access_log is not None:
+            self.access_log.log(
+                client_ip=client_ip, method=None, host=None, path=None, status=0,
+                bytes_in=0, bytes_out=0, duration_ms=0.0, worker=self._pid,
+                outcome=outcome, reason=reason,
+            )  # fmt: skip
 
     def log_request(self, connection: ClientConnection, request: PendingRequest, sent: int) -> None:
         """One access-log line; ``sent``: octets of the response the client was sent."""
@@ -242,14 +290,16 @@ class EdgeWorker:
             duration_ms=round((now - request.started) * 1000, 3),
             upstream_ms=upstream_ms,
             origin=getattr(upstream_protocol, "origin", None),
-            request_id=request.request_id,
+            request_id=request.request_id or None,
             worker=self._pid,
             outcome=request.outcome,
+            **({"reason": request.reason} if request.reason else {}),
         )
 
 
 class _TrustCheckingConnection(ClientConnection):
-    """A client connection whose trust (for X-Forwarded-*) depends on its peer."""
+    """A client connection whose trust (for X-Forwarded-*) depends on its peer
+    being one of the listener's ``http_proxies``."""
 
     def __init__(self, worker: EdgeWorker, networks: tuple[object, ...]) -> None:
         super().__init__(worker, trusted=False)

@@ -58,6 +58,12 @@ function parseArgs(argv, env) {
   return options;
 }
 
+function pairs(flat) {
+  const out = [];
+  for (let i = 0; i + 1 < flat.length; i += 2) out.push([flat[i], flat[i + 1]]);
+  return out;
+}
+
 function sendJson(res, status, body) {
   const data = Buffer.from(JSON.stringify(body) + '\n');
   res.writeHead(status, { 'Content-Type': 'application/json', 'Content-Length': data.length });
@@ -123,6 +129,15 @@ function makeHandler(state) {
           backend: state.port,
           x_forwarded_proto: header(req, 'x-forwarded-proto'),
           x_request_id: header(req, 'x-request-id'),
+        });
+      case '/headers':
+        // The request as this backend received it: names as sent, repeats kept.
+        return sendJson(res, 200, {
+          method: req.method,
+          url: req.url,
+          http_version: req.httpVersion,
+          raw_headers: pairs(req.rawHeaders),
+          backend: state.port,
         });
       case '/large':
         res.writeHead(200, { 'Content-Type': 'application/octet-stream', 'Content-Length': LARGE.length });

@@ -71,11 +71,15 @@ class RequestRejected:
     """The client broke HTTP/1.1; the edge answers ``status`` and closes.
 
     ``reason`` is for logs only: never send it to anyone. The reader is dead
-    afterwards: ``feed`` ignores everything.
+    afterwards: ``feed`` ignores everything. ``mid_request``: the head of the
+    request at fault already went up (its body, or the bytes held behind a
+    WebSocket handshake, broke the rules), so its stream must be reset and no
+    response to it be awaited.
     """
 
     status: int
     reason: str
+    mid_request: bool = False
 
 
 @dataclass(slots=True)

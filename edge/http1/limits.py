@@ -39,6 +39,11 @@ class HttpLimits:
     max_chunk_extension_bytes: int = 256
     """Longest chunk extension, from its first ``;`` to the CRLF. Longer → 400."""
 
+    max_body_bytes: int = 100 * KiB * KiB
+    """Largest request body (Cloudflare's default). A larger ``Content-Length``
+    → 413 before anything goes up; a chunked body that grows past it → 413 and
+    the request's stream is reset."""
+
     max_held_upgrade_bytes: int = 64 * KiB
     """Most client bytes held while a WebSocket upgrade awaits the backend's answer
     (RFC 6455 §4.1: a client must not send before the 101). More → 400."""

@@ -60,6 +60,7 @@ class RequestReader:
 
     __slots__ = (
         "_chunked",
+        "_chunked_bytes",
         "_eof",
         "_head",
         "_held",
@@ -85,6 +86,7 @@ class RequestReader:
         self._head = HeadParser(limits, response=False)
         self._chunked: ChunkedScanner | None = None
         self._remaining = 0
+        self._chunked_bytes = 0
         self._keep_alive = True
         self._stash = b""
         self._held = b""
@@ -96,6 +98,11 @@ class RequestReader:
     def in_head(self) -> bool:
         """Part of a request head has arrived: arm the header-read timeout."""
         return self._state == _HEAD and not self._eof and self._head.started
+
+    @property
+    def in_body(self) -> bool:
+        """A request head went up and its body is still arriving: arm the body timer."""
+        return (self._state == _BODY_LENGTH or self._state == _BODY_CHUNKED) and not self._eof
 
     @property
     def idle(self) -> bool:
@@ -219,6 +226,8 @@ class RequestReader:
 
     def _start_request(self, events: list[RequestEvent]) -> None:
         head = build_request_head(self._head, self._identity, self._request_id_factory)
+        if head.content_length is not None and head.content_length > self._limits.max_body_bytes:
+            raise MessageRejected(413, "Content-Length above max_body_bytes")
         self._head = HeadParser(self._limits, response=False)
         self._keep_alive = head.keep_alive
         events.append(head)
@@ -227,6 +236,7 @@ class RequestReader:
             self._state = _UPGRADE_HELD
         elif head.chunked:
             self._chunked = ChunkedScanner(self._limits)
+            self._chunked_bytes = 0
             self._state = _BODY_CHUNKED
         elif head.content_length:
             self._remaining = head.content_length
@@ -241,6 +251,9 @@ class RequestReader:
         end = scanner.scan(data, pos, spans)
         parts: list[bytes | memoryview] = []
         if spans:
+            self._chunked_bytes += sum(stop - start for start, stop in spans)
+            if self._chunked_bytes > self._limits.max_body_bytes:
+                raise MessageRejected(413, "chunked body above max_body_bytes")
             view = memoryview(data)
             for start, stop in spans:
                 parts += (b"%x\r\n" % (stop - start), view[start:stop], b"\r\n")
@@ -264,7 +277,8 @@ class RequestReader:
         return []
 
     def _reject(self, status: int, reason: str) -> list[RequestEvent]:
+        mid_request = self._state in (_BODY_LENGTH, _BODY_CHUNKED, _UPGRADE_HELD)
         self._state = _DEAD
         self._stash = self._held = b""
         self._head = HeadParser(self._limits, response=False)
-        return [RequestRejected(status, reason)]
+        return [RequestRejected(status, reason, mid_request)]

@@ -39,6 +39,11 @@ asked), because the response travels back raw and a 1.0 client cannot read a
 chunked one. A WebSocket handshake forwards ``Connection: Upgrade`` and
 ``Upgrade: websocket``.
 
+Underscore spellings of every field above (``X_Forwarded_For``,
+``Content_Length``, ``Transfer_Encoding``...) are dropped: some frameworks
+read ``_`` as ``-``, so one would pass as the real field behind our checks
+(nginx drops every field with an underscore by default).
+
 Forwarding fields (DESIGN principle 8): untrusted peers lose every
 ``X-Forwarded-For``, ``X-Real-IP``, ``Forwarded``, ``X-Forwarded-Proto``,
 ``-Host``, ``-Port`` and ``X-Request-Id`` they sent; the edge sets them from
@@ -175,6 +180,8 @@ class _Fields:
             value = value.strip(b" \t")
             kind = kinds.get(lname)
             if kind is None:
+                if b"_" in lname and lname.replace(b"_", b"-") in kinds:
+                    continue  # X_Forwarded_For: a backend may read it as the real one
                 kept.append((name, lname, value))
             elif kind == _HOST:
                 self.hosts.append(value)

@@ -17,7 +17,15 @@ What is timed (``time.perf_counter``, milliseconds):
   timed from the write to the last byte;
 * ``ws``: the WebSocket open (connect start to the 101) and the first echo (one
   message round trip on the open socket), both per connection;
-* ``burst``: ``burst`` ``new`` samples started at once, each timed on its own.
+* ``burst``: ``burst`` ``new`` samples started at once, each timed on its own;
+* ``close``: a ``new`` sample whose request says ``Connection: close``: timed to
+  the last byte of the body, which must then be followed by the server's
+  close_notify (a ragged end is a failed sample). The client is a blocking
+  ``ssl`` socket, as a script's or an old library's would be.
+
+Every body is checked: its length against ``Content-Length`` (a short body is a
+failed sample) and, for the sample app's pattern endpoints (``/large``,
+``/bytes``: octet ``i`` is ``i % 251``), its content.
 
 Why ``asyncio`` streams and a three-line response parser rather than an HTTP
 client library: the timing must end at the response's last byte and begin at
@@ -31,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import ssl
 import sys
@@ -38,6 +47,7 @@ import time
 import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -46,7 +56,9 @@ import uvloop
 __all__ = ["Batch", "main", "run_batch"]
 
 TLS_VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
-KINDS = ("new", "keepalive", "ws", "burst")
+KINDS = ("new", "keepalive", "ws", "burst", "close")
+PATTERN_PATHS = ("/large", "/bytes")
+PATTERN_MODULUS = 251
 MAX_HEAD_BYTES = 64 * 1024
 WS_MESSAGE = "geoedge wan echo"
 
@@ -69,6 +81,8 @@ class Batch:
     burst: int = 20
     pause_s: float = 0.1
     timeout_s: float = 30.0
+    rcvbuf: int = 0
+    """Client receive buffer (SO_RCVBUF) for ``close`` samples; 0: the kernel's."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -98,16 +112,16 @@ def _ms(start: float) -> float:
     return round((time.perf_counter() - start) * 1000.0, 3)
 
 
-def _request(batch: Batch) -> bytes:
+def _request(batch: Batch, path: str | None = None, close: bool = False) -> bytes:
+    connection = "Connection: close\r\n" if close else ""
     return (
-        f"GET {batch.path} HTTP/1.1\r\nHost: {batch.host}\r\n"
-        "User-Agent: geoedge-wan-measure\r\nAccept: */*\r\n\r\n"
+        f"GET {path or batch.path} HTTP/1.1\r\nHost: {batch.host}\r\n"
+        f"User-Agent: geoedge-wan-measure\r\nAccept: */*\r\n{connection}\r\n"
     ).encode()
 
 
-async def _read_response(reader: asyncio.StreamReader) -> int:
-    """Read one response whole; return its body length (the app sends Content-Length)."""
-    head = await reader.readuntil(b"\r\n\r\n")
+def _content_length(head: bytes) -> int:
+    """The Content-Length of a 200 response head (the app always sends one)."""
     if len(head) > MAX_HEAD_BYTES:
         raise MeasureError("response head too large")
     lines = head.decode("latin-1").split("\r\n")
@@ -118,8 +132,87 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
     length = next((int(v) for k, _, v in fields if k.lower() == "content-length"), None)
     if length is None:
         raise MeasureError("response without Content-Length")
-    await reader.readexactly(length)
     return length
+
+
+def check_body(path: str, body: bytes, length: int) -> None:
+    """A short body, or a pattern body with a wrong octet, fails the sample."""
+    if len(body) != length:
+        raise MeasureError(f"short body: {len(body)} of {length} octets")
+    if path.split("?", 1)[0] in PATTERN_PATHS and body != _pattern(length):
+        first = next(i for i, octet in enumerate(body) if octet != i % PATTERN_MODULUS)
+        raise MeasureError(f"body differs from the pattern at octet {first}")
+
+
+_patterns: dict[int, bytes] = {}
+
+
+def _pattern(length: int) -> bytes:
+    if length not in _patterns:
+        _patterns[length] = bytes(i % PATTERN_MODULUS for i in range(length))
+    return _patterns[length]
+
+
+async def _read_response(reader: asyncio.StreamReader, path: str) -> int:
+    """Read one response whole and check it; return its body length."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = _content_length(head)
+    try:
+        body = await reader.readexactly(length)
+    except asyncio.IncompleteReadError as exc:
+        body = exc.partial
+    check_body(path, body, length)
+    return length
+
+
+def get_and_close(
+    host: str, port: int, context: ssl.SSLContext, request: bytes, path: str, rcvbuf: int
+) -> tuple[float, float, int, Any]:
+    """One blocking ``Connection: close`` GET: (connected ms, total ms to the last body
+    octet, octets received in all, what was negotiated). Raises :class:`MeasureError`
+    for a short or wrong body and for an end that is not a close_notify."""
+    start = time.perf_counter()
+    raw = socket.create_connection((host, port), timeout=30)
+    if rcvbuf:
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    with context.wrap_socket(raw, server_hostname=host, suppress_ragged_eofs=False) as tls:
+        connected = _ms(start)
+        version, cipher, alpn = tls.version(), tls.cipher(), tls.selected_alpn_protocol()
+        negotiated = SimpleNamespace(
+            version=lambda: version,
+            cipher=lambda: cipher,
+            selected_alpn_protocol=lambda: alpn,
+            session_reused=tls.session_reused,
+        )
+        tls.sendall(request)
+        data = bytearray()
+        length = -1
+        total = 0.0
+        ending = "close_notify"
+        while True:
+            try:
+                chunk = tls.recv(262144)
+            except (ssl.SSLError, OSError) as exc:
+                ending = f"ragged end ({type(exc).__name__}: {exc})"
+                break
+            if not chunk:
+                break
+            data += chunk
+            if length < 0 and b"\r\n\r\n" in data:
+                head_end = data.index(b"\r\n\r\n") + 4
+                length = _content_length(bytes(data[:head_end]))
+            if length >= 0 and not total and len(data) >= head_end + length:
+                total = _ms(start)
+        try:
+            if length < 0:
+                raise MeasureError(f"no response head ({ending})")
+            check_body(path, bytes(data[head_end:]), length)
+            if ending != "close_notify":
+                raise MeasureError(ending)
+        except MeasureError as exc:
+            exc.received = len(data)  # type: ignore[attr-defined]
+            raise
+        return connected, total, len(data), negotiated
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
@@ -140,6 +233,7 @@ class BatchRun:
         self.series: dict[str, list[float]] = {}
         self.errors: list[str] = []
         self.negotiated: dict[str, str | None] | None = None
+        self.samples_paths: list[tuple[str, int]] = []
 
     def check_tls(self, ssl_object: Any) -> None:
         """The forced version, no resumption; the first connection's parameters are kept
@@ -178,7 +272,7 @@ class BatchRun:
         try:
             self.check_tls(writer.get_extra_info("ssl_object"))
             writer.write(_request(self.batch))
-            await _read_response(reader)
+            await _read_response(reader, self.batch.path)
             return {"total_ms": _ms(start), "connect_ms": connected}
         finally:
             await _close(writer)
@@ -189,15 +283,35 @@ class BatchRun:
         try:
             self.check_tls(writer.get_extra_info("ssl_object"))
             writer.write(_request(self.batch))
-            await _read_response(reader)
+            await _read_response(reader, self.batch.path)
             for _ in range(self.batch.count):
                 await asyncio.sleep(self.batch.pause_s)
                 start = time.perf_counter()
                 writer.write(_request(self.batch))
-                await _read_response(reader)
+                await _read_response(reader, self.batch.path)
                 self.add({"total_ms": _ms(start)})
         finally:
             await _close(writer)
+
+    async def close_get(self) -> dict[str, float]:
+        """One ``Connection: close`` GET on a blocking socket (in a thread): each
+        sample's path carries its number, so the runner can find its access-log
+        line; ``received`` is what the client got, head included."""
+        b = self.batch
+        self._closes = getattr(self, "_closes", 0) + 1
+        separator = "&" if "?" in b.path else "?"
+        path = f"{b.path}{separator}wan_sample={os.getpid()}-{self._closes}"
+        request = _request(b, path, close=True)
+        try:
+            connected, total, received, negotiated = await asyncio.to_thread(
+                get_and_close, b.host, b.port, self.context, request, b.path, b.rcvbuf
+            )
+        except MeasureError as exc:  # failed, but what it got is still checked in the log
+            self.samples_paths.append((path, getattr(exc, "received", 0)))
+            raise
+        self.check_tls(negotiated)
+        self.samples_paths.append((path, received))
+        return {"total_ms": total, "connect_ms": connected}
 
     async def ws_open_echo(self) -> dict[str, float]:
         """A WebSocket open (connect start to the 101) and its first echo."""
@@ -250,6 +364,8 @@ class BatchRun:
         kind = self.batch.kind
         if kind == "new":
             await self._sequential(self.new_get)
+        elif kind == "close":
+            await self._sequential(self.close_get)
         elif kind == "ws":
             await self._sequential(self.ws_open_echo)
         elif kind == "burst":
@@ -259,7 +375,12 @@ class BatchRun:
                 await self._bounded(self.keepalive())
             except Exception as exc:
                 self.fail(exc)
-        return {"series": self.series, "errors": self.errors, "negotiated": self.negotiated}
+        return {
+            "series": self.series,
+            "errors": self.errors,
+            "negotiated": self.negotiated,
+            "received": self.samples_paths,
+        }
 
 
 async def run_batch(batch: Batch) -> dict[str, Any]:

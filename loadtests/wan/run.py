@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import tempfile
@@ -64,6 +65,10 @@ class Plan:
     """Sequential new-connection GETs of the small page, per TLS version."""
     large: int = 10
     """Sequential new-connection GETs of the 768 KB response."""
+    close_large: int = 20
+    """Sequential ``Connection: close`` GETs of the 768 KB response per TLS version,
+    each checked whole (length, content, close_notify) and against the edge's
+    access log."""
     keepalive: int = 20
     """Requests on one open connection."""
     ws: int = 20
@@ -91,7 +96,7 @@ class Plan:
 
 
 QUICK = Plan(
-    new=2, large=1, keepalive=3, ws=2, bursts=1, burst_size=10, first_bursts=1,
+    new=2, large=1, close_large=2, keepalive=3, ws=2, bursts=1, burst_size=10, first_bursts=1,
     idle_rounds=1, idle_s=2.0, loss=2, warmup=1, locust_s=3, locust_users=4,
 )  # fmt: skip
 
@@ -105,6 +110,8 @@ class Runner:
         self.samples: dict[str, dict[str, list[float]]] = {s: {} for s in SCENARIOS}
         self.errors: dict[str, dict[str, list[str]]] = {s: {} for s in SCENARIOS}
         self.negotiated: dict[str, dict[str, Any]] = {s: {} for s in SCENARIOS}
+        #: (path, octets received) of every ``close`` sample, per scenario
+        self.received: dict[str, list[tuple[str, int]]] = {s: [] for s in SCENARIOS}
 
     def batch(self, scenario: str, kind: str, **fields: Any) -> tuple[Series, list[str]]:
         """One batch of samples from the agent: (series by name, errors)."""
@@ -116,6 +123,7 @@ class Runner:
         negotiated = reply["negotiated"]
         if negotiated:  # one example per TLS version: shows both scenarios agree
             self.negotiated[scenario].setdefault(negotiated["version"], negotiated)
+        self.received[scenario].extend(tuple(r) for r in reply.get("received", ()))
         return reply["series"], reply["errors"]
 
     def record(self, scenario: str, key: str, values: list[float], errors: list[str]) -> None:
@@ -146,6 +154,8 @@ class Runner:
             ("new_small_tls13", "new", {"count": p.new}),
             ("new_small_tls12", "new", {"count": p.new}),
             ("new_large_tls13", "new", {"count": p.large}),
+            ("close_large_tls13", "close", {"count": p.close_large}),
+            ("close_large_tls12", "close", {"count": p.close_large}),
             ("keepalive_small", "keepalive", {"count": p.keepalive}),
             ("burst20_small_tls13", "burst", {"count": p.bursts, "burst": p.burst_size}),
         ]
@@ -187,6 +197,26 @@ class Runner:
         finally:
             wan.set_pair("edge", "origin", loss=0.0)
             wan.set_pair("user", "origin", loss=0.0)
+
+    def access_log_check(self, access_log: Path) -> dict[str, Any]:
+        """The edge's access log against what each ``close`` client received:
+        ``bytes_out`` must be exactly the octets the client got."""
+        logged: dict[str, int] = {}
+        if access_log.exists():
+            for line in access_log.read_text(errors="replace").splitlines():
+                if "wan_sample=" in line:
+                    entry = json.loads(line)
+                    logged[entry["path"]] = entry["bytes_out"]
+        mismatches = [
+            {"path": path, "received": received, "logged": logged.get(path)}
+            for path, received in self.received["edge"]
+            if logged.get(path) != received
+        ]
+        return {
+            "samples": len(self.received["edge"]),
+            "matched": len(self.received["edge"]) - len(mismatches),
+            "mismatches": mismatches[:10],
+        }
 
     def run(self) -> None:
         for scenario in SCENARIOS:
@@ -259,7 +289,14 @@ def main(argv: list[str] | None = None) -> int:
                     scenario, args.results, plan.locust_s, plan.locust_users
                 )
         delays = _one_way_delays(stack)
-        config = {**stack.describe(), "emulator": stack.emulator_counters()}
+        time.sleep(1.5)  # the edge writes its access-log lines within a second
+        access = runner.access_log_check(Path(stack.files.edge_access_log))
+        say(f"edge access log vs what clients received: {access['matched']}/{access['samples']}")
+        config = {
+            **stack.describe(),
+            "emulator": stack.emulator_counters(),
+            "edge_access_log_check": access,
+        }
     floors = {
         s: {k: floor_ms(m, path_rtts(SCENARIOS[s], delays)) for k, m in MEASUREMENTS.items()}
         for s in SCENARIOS

@@ -115,6 +115,12 @@ MEASUREMENTS: dict[str, Measurement] = {
         Measurement("new_small_tls12", "new conn GET / (TLS 1.2)", "new", "1.2", "/"),
         Measurement("new_large_tls13", "new conn GET 768 KB (TLS 1.3)", "new", "1.3", "/large"),
         Measurement(
+            "close_large_tls13", "768 KB, Connection: close (TLS 1.3)", "new", "1.3", "/large"
+        ),
+        Measurement(
+            "close_large_tls12", "768 KB, Connection: close (TLS 1.2)", "new", "1.2", "/large"
+        ),
+        Measurement(
             "idle30_large_tls13", "768 KB after 30 s idle (TLS 1.3)", "new", "1.3", "/large"
         ),
         Measurement("keepalive_small", "GET / on keep-alive conn", "keepalive", "1.3", "/"),

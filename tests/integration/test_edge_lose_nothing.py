@@ -272,10 +272,10 @@ def test_connection_close_large_responses_arrive_whole_and_are_logged_as_sent(
     expected = hashlib.sha256(pattern(768 * 1024)).hexdigest()
     context = ssl.create_default_context(cafile=str(stack.pki.ca))
     context.minimum_version = context.maximum_version = version
-    for i in range(10):
+    for i in range(6):
         path = f"/bytes?n={768 * 1024}&i={i}"
         raw = socket.create_connection(("127.0.0.1", stack.https_port), timeout=30)
-        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)  # a slow reader
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)  # a slow reader
         with context.wrap_socket(
             raw, server_hostname="localhost", suppress_ragged_eofs=False
         ) as tls:
@@ -333,3 +333,122 @@ def test_an_outage_writes_a_few_warning_lines_not_one_per_request(
             if "WARNING" in line and "geoedge.edge" in line
         ]
         assert 1 <= len(warnings) <= 10, warnings
+
+
+# -- the same for keep-alive connections and WebSockets ---------------------------------
+
+
+def test_large_keepalive_responses_arrive_whole_to_slow_and_fast_readers(stack: Stack) -> None:
+    size = 768 * 1024
+    expected = hashlib.sha256(pattern(size)).hexdigest()
+    raw = socket.create_connection(("127.0.0.1", stack.https_port), timeout=30)
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    context = ssl.create_default_context(cafile=str(stack.pki.ca))
+    with context.wrap_socket(raw, server_hostname="localhost", suppress_ragged_eofs=False) as tls:
+        for i in range(6):
+            tls.sendall(f"GET /bytes?n={size}&k={i} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            if i % 2:
+                time.sleep(0.2)  # a late reader: every buffer on the way is full first
+            status, _, body, ending = read_response(tls)
+            assert (status, ending) == (200, "complete")
+            assert hashlib.sha256(body).hexdigest() == expected, (i, len(body))
+
+
+def test_a_websocket_closed_right_after_a_large_message_delivers_it_whole(
+    stack: Stack,
+) -> None:
+    """The client sends a 4 MiB message and its close frame back to back; the
+    backend echoes the message, answers the close and ends its connection, so
+    the edge closes the client right behind the last octets of the echo."""
+    message = os.urandom(4 * 1024 * 1024)
+    with tls_connect(stack.https_port, stack.pki) as tls:
+        tls.sendall(
+            b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        reader = WsReader(tls)
+        assert reader.read_head().startswith(b"HTTP/1.1 101")
+        tls.sendall(ws_frame(0x2, message) + ws_frame(0x8, (1000).to_bytes(2, "big")))
+        opcode, echoed = reader.read_frame()
+        assert opcode == 0x2
+        assert hashlib.sha256(echoed).digest() == hashlib.sha256(message).digest()
+        opcode, payload = reader.read_frame()
+        assert (opcode, payload[:2]) == (0x8, (1000).to_bytes(2, "big"))
+        assert reader.read_to_end() == "close_notify"
+
+
+def ws_frame(opcode: int, payload: bytes) -> bytes:
+    """One masked client frame (RFC 6455 §5.2)."""
+    mask = os.urandom(4)
+    size = len(payload)
+    if size < 126:
+        header = bytes([0x80 | opcode, 0x80 | size])
+    elif size < 65536:
+        header = bytes([0x80 | opcode, 0x80 | 126]) + size.to_bytes(2, "big")
+    else:
+        header = bytes([0x80 | opcode, 0x80 | 127]) + size.to_bytes(8, "big")
+    repeated = (mask * (size // 4 + 1))[:size]
+    masked = (int.from_bytes(payload, "big") ^ int.from_bytes(repeated, "big")).to_bytes(
+        size, "big"
+    )
+    return header + mask + masked
+
+
+class WsReader:
+    """Reads a 101 head and unmasked server frames from a blocking TLS socket."""
+
+    def __init__(self, tls: ssl.SSLSocket) -> None:
+        self.tls = tls
+        self.buffer = bytearray()
+
+    def _fill(self, size: int) -> None:
+        while len(self.buffer) < size:
+            chunk = self.tls.recv(1 << 20)
+            if not chunk:
+                raise AssertionError(f"closed with {len(self.buffer)} of {size} octets")
+            self.buffer += chunk
+
+    def _take(self, size: int) -> bytes:
+        self._fill(size)
+        data = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        return data
+
+    def read_head(self) -> bytes:
+        while b"\r\n\r\n" not in self.buffer:
+            self._fill(len(self.buffer) + 1)
+        end = self.buffer.index(b"\r\n\r\n") + 4
+        return self._take(end)
+
+    def read_frame(self) -> tuple[int, bytes]:
+        first, second = self._take(2)
+        size = second & 0x7F
+        if size == 126:
+            size = int.from_bytes(self._take(2), "big")
+        elif size == 127:
+            size = int.from_bytes(self._take(8), "big")
+        payload = self._take(size)
+        if not first & 0x80:  # a fragmented message: gather its continuations
+            while True:
+                opcode, more = self.read_frame_raw()
+                payload += more
+                if opcode & 0x80:
+                    break
+        return first & 0x0F, payload
+
+    def read_frame_raw(self) -> tuple[int, bytes]:
+        first, second = self._take(2)
+        size = second & 0x7F
+        if size == 126:
+            size = int.from_bytes(self._take(2), "big")
+        elif size == 127:
+            size = int.from_bytes(self._take(8), "big")
+        return first, self._take(size)
+
+    def read_to_end(self) -> str:
+        try:
+            while self.tls.recv(65536):
+                pass
+        except (ssl.SSLError, OSError) as exc:
+            return type(exc).__name__
+        return "close_notify"

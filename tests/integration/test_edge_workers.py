@@ -44,7 +44,7 @@ def test_sessions_resume_across_workers_and_are_counted(test_pki: PkiFiles, tmp_
                 for line in stack.log.read_text().splitlines()
                 if line.startswith('{"ts"')
             ]
-            workers = {entry["worker"] for entry in access if entry["path"].startswith("/?i=")}
+            workers = {e["worker"] for e in access if (e["path"] or "").startswith("/?i=")}
         assert len(workers) == 2, f"all connections went to one worker: {workers}"
         counted = 0.0
         deadline = time.monotonic() + 5  # workers publish their counts every second

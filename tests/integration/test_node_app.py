@@ -203,6 +203,15 @@ def test_ip_reports_forwarding_headers(app: NodeApp) -> None:
     assert isinstance(seen["backend"], int) and seen["backend"] == app.port
 
 
+def test_headers_reports_the_request_as_received(app: NodeApp) -> None:
+    seen = get_json(app, "/headers?x=1", {"X_Forwarded_For": "6.6.6.6", "X-Thing": "a"})
+    assert seen["method"] == "GET" and seen["url"] == "/headers?x=1"
+    assert seen["http_version"] == "1.1"
+    assert ["X_Forwarded_For", "6.6.6.6"] in seen["raw_headers"]
+    assert ["X-Thing", "a"] in seen["raw_headers"]
+    assert seen["backend"] == app.port
+
+
 def test_large_is_768_kib_deterministic_with_content_length(app: NodeApp) -> None:
     response, body = request(app, "GET", "/large")
     assert response.status == 200

@@ -80,6 +80,10 @@ def test_quick_run_writes_every_measurement_within_physics(
             assert row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
             # Propagation is a hard floor; the emulator only ever adds to it.
             assert min(row["samples_ms"]) >= row["floor_ms"] - 0.5, (scenario, key, row)
+    # Every Connection: close body arrived whole (a short one is a failed sample,
+    # above), and the edge logged exactly the octets each client received.
+    check = results["config"]["edge_access_log_check"]
+    assert check["samples"] >= 2 and check["matched"] == check["samples"], check
     direct, edge = results["direct"], results["edge"]
     assert direct["new_small_tls13"]["floor_ms"] == pytest.approx(795.5)
     assert edge["new_small_tls13"]["floor_ms"] == pytest.approx(295.5)

@@ -728,6 +728,34 @@ def test_trusted_proxy_forwarding_fields_are_appended_or_kept() -> None:
     assert head.request_id == "client-chosen"
 
 
+@pytest.mark.parametrize("trusted", [False, True])
+@pytest.mark.parametrize(
+    "field",
+    [
+        b"X_Forwarded_For: 6.6.6.6",
+        b"x_real_ip: 6.6.6.6",
+        b"X_Forwarded_Proto: http",
+        b"X_Forwarded_Host: evil.example",
+        b"X_Request_Id: spoofed",
+        b"Content_Length: 5",
+        b"Transfer_Encoding: chunked",
+        b"X-Forwarded_For: 6.6.6.6",
+    ],
+)
+def test_underscore_spellings_of_managed_fields_are_dropped(field: bytes, trusted: bool) -> None:
+    """Some frameworks read ``_`` as ``-``: such a field would pass for the real
+    one behind the edge's checks, whoever sent it."""
+    head = only_head(feed_all(get(b"/", field), trusted=trusted))
+    name = field.partition(b":")[0]
+    assert name not in head.head and name.lower() not in head.head.lower()
+    assert not [key for key, _ in head.headers if b"_" in key]
+
+
+def test_underscores_in_other_fields_are_kept() -> None:
+    head = only_head(feed_all(get(b"/", b"My_Custom_Field: 1")))
+    assert values(head, b"my_custom_field") == [b"1"]
+
+
 def test_trusted_proxy_without_forwarding_fields_gets_them_set() -> None:
     head = only_head(feed_all(get(b"/"), trusted=True))
     assert values(head, b"x-forwarded-for") == [CLIENT_IP.encode()]
@@ -1086,3 +1114,37 @@ def test_client_context_validation() -> None:
         ClientContext("1.2.3.4\r\nX: y", 1, False)
     with pytest.raises(ValueError, match="server_port"):
         ClientContext(CLIENT_IP, 1, False, server_port=70000)
+
+
+def test_a_content_length_above_max_body_bytes_is_413_before_anything_goes_up() -> None:
+    limits = HttpLimits(max_body_bytes=1000)
+    events = feed_all(post([b"Content-Length: 1001"], b"x" * 10), limits=limits)
+    assert not [e for e in events if isinstance(e, RequestHeadReceived)]
+    rejected = rejection(events)
+    assert (rejected.status, rejected.mid_request) == (413, False)
+    assert only_head(feed_all(post([b"Content-Length: 1000"]), limits=limits))
+
+
+def test_a_chunked_body_growing_past_max_body_bytes_is_413_mid_request() -> None:
+    reader = make_reader(limits=HttpLimits(max_body_bytes=1000))
+    events = reader.feed(post([b"Transfer-Encoding: chunked"], b"3e8\r\n" + b"x" * 1000 + b"\r\n"))
+    assert only_head(events) and not [e for e in events if isinstance(e, RequestRejected)]
+    rejected = rejection(reader.feed(b"1\r\nx\r\n"))
+    assert (rejected.status, rejected.mid_request) == (413, True)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"zz\r\nabc\r\n", b"3\r\nabcXX", b"3;" + b"e" * 300 + b"\r\nabc\r\n", b"3\rabc\r\n"],
+    ids=["bad-size", "bad-chunk-end", "long-extension", "bare-cr"],
+)
+def test_a_framing_error_in_a_body_is_a_rejection_mid_request(body: bytes) -> None:
+    events = feed_all(post([b"Transfer-Encoding: chunked"], body))
+    assert only_head(events)
+    rejected = rejection(events)
+    assert (rejected.status, rejected.mid_request) == (400, True)
+
+
+def test_a_rejected_head_is_not_mid_request() -> None:
+    rejected = rejection(feed_all(b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"))
+    assert (rejected.status, rejected.mid_request) == (400, False)

@@ -19,6 +19,7 @@ from loadtests.wan.topology import build_links, rtt_ms
 #: The keys the issue asks for in wan.json.
 KEYS = {
     "new_small_tls13", "new_small_tls12", "new_large_tls13", "idle30_large_tls13",
+    "close_large_tls13", "close_large_tls12",
     "keepalive_small", "ws_open_tls13", "ws_echo_tls13", "burst20_small_tls13",
     "first_burst20_small_tls13", "loss1_small_tls13",
 }  # fmt: skip
