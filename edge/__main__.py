@@ -1,10 +1,16 @@
 """``geoedge-edge --config edge.toml``: the regional edge daemon.
 
-The supervisor loads and checks the configuration, builds the TLS contexts and
-binds the listening sockets, then runs the workers (:mod:`edge.worker`) that
-share them. Signals: SIGTERM/SIGINT drain (stop accepting, finish in-flight
-requests up to ``drain_timeout_s``, GOAWAY the tunnels) and exit; SIGHUP
-reloads certificates without dropping a connection.
+The supervisor loads and checks the configuration, opens every file the
+daemon will use (:func:`preflight`), builds the TLS contexts and binds the
+listening sockets, then runs the workers (:mod:`edge.worker`) that share them.
+Signals: SIGTERM/SIGINT drain (``/healthz`` answers 503 from then on; stop
+accepting, finish in-flight requests up to ``drain_timeout_s``, GOAWAY the
+tunnels) and exit; SIGHUP reloads certificates and OCSP responses without
+dropping a connection, in the supervisor first (so a worker it starts later
+serves the current ones), then in the workers.
+
+Exit status: 0 after a clean stop, 2 for a bad config or file (one line per
+problem, naming the file and the setting), 1 when an address cannot be bound.
 """
 
 from __future__ import annotations
@@ -12,9 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import pwd
 import signal
 import socket
 import sys
+from pathlib import Path
 
 import uvloop
 from prometheus_client import CollectorRegistry
@@ -23,31 +32,90 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from edge.config import EdgeConfig, ListenerConfig
 from edge.listener import bind_listener
 from edge.tls import CertificateStore, TlsConfigError
-from tunnel.aio.transport import parse_host_port
+from tunnel.aio.tls import TunnelTlsError
+from tunnel.aio.transport import dial_ssl_context, parse_host_port
 from tunnel.runtime.admin import AdminServer, HealthReport
 from tunnel.runtime.config import ConfigError, load_config
 from tunnel.runtime.logs import configure_logging
 from tunnel.runtime.metrics import cleanup_multiprocess, enable_multiprocess, process_exited
+from tunnel.runtime.preflight import (
+    FileCheck,
+    ListenError,
+    PreflightError,
+    check_files,
+    run_as,
+)
 from tunnel.runtime.workers import Supervisor, WorkerContext, tune_gc
 
 log = logging.getLogger("geoedge.edge")
 
+Sockets = list[tuple[ListenerConfig | None, socket.socket]]
 
-def bind_sockets(config: EdgeConfig) -> list[tuple[ListenerConfig | None, socket.socket]]:
-    sockets: list[tuple[ListenerConfig | None, socket.socket]] = [
-        (listener, bind_listener(parse_host_port(listener.address)))
-        for listener in config.listeners
-    ]
-    if config.redirect is not None:
-        sockets.append((None, bind_listener(parse_host_port(config.redirect.address))))
+
+def edge_files(config: EdgeConfig) -> list[FileCheck]:
+    """Every file the edge opens, with the setting that names it."""
+    checks: list[FileCheck] = []
+    for cert in config.tls.certificates:
+        checks.append(FileCheck(cert.cert, "certificate", "[[tls.certificates]] cert"))
+        checks.append(FileCheck(cert.key, "private key", "[[tls.certificates]] key"))
+        if cert.ocsp_response is not None:
+            checks.append(
+                FileCheck(cert.ocsp_response, "OCSP response", "[[tls.certificates]] ocsp_response")
+            )
+    for origin in config.origins:
+        tunnel = origin.tunnel
+        table = f"[origins.tunnel] ({origin.name})"
+        for path, kind, key in (
+            (tunnel.cert, "certificate", "cert"),
+            (tunnel.key, "private key", "key"),
+            (tunnel.ca, "CA", "ca"),
+        ):
+            if path is not None:
+                checks.append(FileCheck(path, kind, f"{table} {key}"))  # type: ignore[arg-type]
+    if config.http.access_log not in ("", "-"):
+        checks.append(FileCheck(Path(config.http.access_log), "log file", "[http] access_log"))
+    return checks
+
+
+def preflight(path: str, *, service_gid: int | None) -> tuple[EdgeConfig, CertificateStore]:
+    """Load the config, open every file, build the TLS contexts: what ``--check``
+    does and what start-up does before it binds anything (``service_gid``: see
+    :func:`~tunnel.runtime.preflight.key_mode_problem`). Raises
+    :class:`ConfigError`, :class:`PreflightError`, :class:`TlsConfigError` or
+    :class:`TunnelTlsError`, each naming the file or the setting."""
+    config = load_config(path, EdgeConfig)
+    check_files(edge_files(config), service_gid=service_gid)
+    certificates = CertificateStore(config.tls)
+    for origin in config.origins:
+        try:
+            dial_ssl_context(origin.tunnel)  # built again in each worker: same files
+        except TunnelTlsError as exc:
+            raise TunnelTlsError(f"[origins.tunnel] ({origin.name}): {exc}") from exc
+    return config, certificates
+
+
+def bind_sockets(config: EdgeConfig) -> Sockets:
+    sockets: Sockets = []
+    try:
+        for listener in config.listeners:
+            sockets.append((listener, _bind("[[listeners]] address", listener.address)))
+        if config.redirect is not None:
+            sockets.append((None, _bind("[redirect] address", config.redirect.address)))
+    except ListenError:
+        for _, sock in sockets:
+            sock.close()
+        raise
     return sockets
 
 
-async def run_worker(
-    config: EdgeConfig,
-    certificates: CertificateStore,
-    sockets: list[tuple[ListenerConfig | None, socket.socket]],
-) -> None:
+def _bind(setting: str, address: str) -> socket.socket:
+    try:
+        return bind_listener(parse_host_port(address))
+    except OSError as exc:
+        raise ListenError(setting, address, exc) from None
+
+
+async def run_worker(config: EdgeConfig, certificates: CertificateStore, sockets: Sockets) -> None:
     """One worker: serve until SIGTERM, then drain; SIGHUP reloads certificates."""
     from edge.worker import EdgeWorker
 
@@ -63,8 +131,10 @@ async def run_worker(
     await worker.drain()
 
 
-def edge_health() -> HealthReport:
-    """Healthy while some worker has a usable tunnel (the workers export it)."""
+def edge_health(draining: bool) -> HealthReport:
+    """Healthy while some worker has a usable tunnel (the workers export it) and
+    the edge is not draining: a load balancer must stop sending new clients
+    from the moment a drain starts."""
     registry = CollectorRegistry()
     MultiProcessCollector(registry)
     up = {
@@ -73,28 +143,27 @@ def edge_health() -> HealthReport:
         if metric.name == "geoedge_edge_tunnels_up"
         for sample in metric.samples
     }
-    return any(v > 0 for v in up.values()), {"tunnels_up": up}
+    return not draining and any(v > 0 for v in up.values()), {
+        "draining": draining,
+        "tunnels_up": up,
+    }
 
 
-async def supervise(
-    config: EdgeConfig,
-    certificates: CertificateStore,
-    sockets: list[tuple[ListenerConfig | None, socket.socket]],
-) -> None:
-    admin = AdminServer(config.admin.address, health=edge_health)
-    await admin.start()
-
+async def supervise(config: EdgeConfig, certificates: CertificateStore, sockets: Sockets) -> None:
     def worker_main(context: WorkerContext) -> int:
         uvloop.run(run_worker(config, certificates, sockets))
         return 0
 
-    def reload_in_parent() -> None:
-        # The workers reload into the contexts they inherited (ticket keys kept);
-        # the parent only checks the files, to log a bad certificate once.
+    def reload_in_parent() -> bool:
+        # Into the supervisor's own contexts (the ones the next forked worker
+        # inherits; ticket keys kept). On failure the workers are not signalled:
+        # the problem is logged once and they keep what they serve.
         try:
-            CertificateStore(config.tls)
+            certificates.reload()
         except TlsConfigError as exc:
-            log.error("certificate reload will fail: %s", exc)
+            log.error("certificate reload failed, keeping the current certificates: %s", exc)
+            return False
+        return True
 
     supervisor = Supervisor(
         worker_main,
@@ -104,6 +173,13 @@ async def supervise(
         on_worker_exit=lambda pid, status: process_exited(pid),
         parent_fds=lambda: [fd for fd in [admin.fileno()] if fd is not None],
     )
+    admin = AdminServer(
+        config.admin.address, health=lambda: edge_health(supervisor.statistics().stopping)
+    )
+    try:
+        await admin.start()
+    except OSError as exc:
+        raise ListenError("[admin] address", config.admin.address, exc) from None
     log.info(
         "edge %s serving %s with %d worker(s)",
         config.edge.id,
@@ -119,31 +195,72 @@ async def supervise(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="geoedge-edge", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="path to edge.toml")
-    parser.add_argument("--check", action="store_true", help="validate the config and exit")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the config, open every file it names, and exit",
+    )
+    parser.add_argument(
+        "--user", help="with --check (as root): check as this user, e.g. the service's"
+    )
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--log-format", choices=("json", "plain"), default="json")
     args = parser.parse_args(argv)
+    if args.user and not args.check:
+        parser.error("--user goes with --check (the service manager picks the daemon's user)")
     configure_logging(args.log_level, json=args.log_format == "json")
-    try:
-        config = load_config(args.config, EdgeConfig)
-        certificates = CertificateStore(config.tls)
-    except (ConfigError, TlsConfigError) as exc:
-        print(f"geoedge-edge: {exc}", file=sys.stderr)
-        return 2
     if args.check:
-        print(f"{args.config}: ok")
-        return 0
+        if args.user:
+            return run_as(args.user, lambda: _check(args.config, os.getegid()))
+        # Root checking for a service it was not named: its group is unknown.
+        return _check(args.config, None if os.geteuid() == 0 else os.getegid())
+    try:
+        config, certificates = preflight(args.config, service_gid=os.getegid())
+    except (ConfigError, PreflightError, TlsConfigError, TunnelTlsError) as exc:
+        _report(args.config, exc)
+        return 2
     try:
         sockets = bind_sockets(config)
-    except OSError as exc:
-        print(f"geoedge-edge: cannot listen: {exc}", file=sys.stderr)
+    except ListenError as exc:
+        _report(args.config, exc)
         return 1
     metrics_dir = enable_multiprocess()  # before any metric exists or a worker forks
     try:
         uvloop.run(supervise(config, certificates, sockets))
+    except ListenError as exc:
+        _report(args.config, exc)
+        return 1
     finally:
         cleanup_multiprocess(metrics_dir)
     return 0
+
+
+def _check(path: str, service_gid: int | None) -> int:
+    try:
+        config, certificates = preflight(path, service_gid=service_gid)
+    except (ConfigError, PreflightError, TlsConfigError, TunnelTlsError) as exc:
+        _report(path, exc)
+        return 2
+    print(
+        f"{path}: ok ({len(config.tls.certificates)} certificate(s), "
+        f"{certificates.staples} OCSP response(s), {len(config.origins)} origin(s); "
+        f"files checked as {_whoami()})"
+    )
+    return 0
+
+
+def _report(path: str, exc: Exception) -> None:
+    """One line per problem, each naming the config file (ConfigError's do already)."""
+    for line in str(exc).splitlines():
+        prefix = "" if isinstance(exc, ConfigError) else f"{path}: "
+        print(f"geoedge-edge: {prefix}{line}", file=sys.stderr)
+
+
+def _whoami() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ which rejects unknown keys naming the key and the file.
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -90,6 +91,17 @@ class CertificateConfig:
     names: tuple[str, ...] = ()
     """SNI names served by this certificate (exact or ``*.example.com``);
     empty means the certificate's own DNS SANs."""
+    ocsp_response: Path | None = None
+    """A DER OCSP response for this certificate (e.g. ``openssl ocsp ...
+    -respout``), stapled for clients that ask; re-read on SIGHUP. Refresh it
+    before its nextUpdate (cron + SIGHUP): an expired one is not stapled."""
+
+
+#: Mozilla "intermediate" key-exchange groups, most preferred first.
+MOZILLA_INTERMEDIATE_GROUPS = ("X25519", "P-256", "P-384")
+_GROUP_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
+#: RFC 6797 §11.2: a year at least for preload lists; 0 switches HSTS off.
+HSTS_PRELOAD_MIN_AGE_S = 31_536_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,17 +111,55 @@ class TlsConfig:
     min_version: Literal["TLSv1.2", "TLSv1.3"] = "TLSv1.2"
     max_version: Literal["TLSv1.2", "TLSv1.3"] = "TLSv1.3"
     ciphers: str = MOZILLA_INTERMEDIATE_CIPHERS
-    """TLS 1.2 cipher list (OpenSSL syntax). X25519 is OpenSSL's first group."""
+    """TLS 1.2 cipher list (OpenSSL syntax)."""
+    groups: tuple[str, ...] = MOZILLA_INTERMEDIATE_GROUPS
+    """Key-exchange groups offered, most preferred first, in OpenSSL's names
+    (X25519, P-256, P-384, P-521, X448, ffdhe2048...). Empty: OpenSSL's own
+    list (which adds X448 and P-521)."""
     handshake_timeout_s: float = 10.0
     session_tickets: bool = True
     """Stateless resumption; ticket keys are made before the workers fork, so
     a ticket from one worker resumes on any other."""
+    hsts_max_age_s: int = 0
+    """Strict-Transport-Security max-age sent on every HTTPS response (also
+    the edge's own errors and the backend's, ahead of any STS field of its
+    own); 0: no HSTS. Start low (300), then raise it to a year or more."""
+    hsts_include_subdomains: bool = False
+    """Add ``includeSubDomains``: every subdomain must serve HTTPS too."""
+    hsts_preload: bool = False
+    """Add ``preload`` (for hstspreload.org; needs includeSubDomains and a
+    max-age of a year or more, and is hard to undo)."""
 
     def __post_init__(self) -> None:
         if not self.certificates:
             raise ValueError("at least one [[tls.certificates]] entry is needed")
         if self.min_version == "TLSv1.3" and self.max_version == "TLSv1.2":
             raise ValueError("min_version is above max_version")
+        for group in self.groups:
+            if not _GROUP_NAME.fullmatch(group):
+                raise ValueError(f"groups: {group!r} is not a group name (X25519, P-256...)")
+        if self.hsts_max_age_s < 0:
+            raise ValueError("hsts_max_age_s must be >= 0 (0: no HSTS)")
+        if self.hsts_max_age_s == 0 and (self.hsts_include_subdomains or self.hsts_preload):
+            raise ValueError("hsts_include_subdomains/hsts_preload need hsts_max_age_s > 0")
+        if self.hsts_preload and (
+            not self.hsts_include_subdomains or self.hsts_max_age_s < HSTS_PRELOAD_MIN_AGE_S
+        ):
+            raise ValueError(
+                "hsts_preload needs hsts_include_subdomains and "
+                f"hsts_max_age_s >= {HSTS_PRELOAD_MIN_AGE_S} (a year)"
+            )
+
+    def hsts_value(self) -> str | None:
+        """The Strict-Transport-Security field value, or None when HSTS is off."""
+        if self.hsts_max_age_s == 0:
+            return None
+        value = f"max-age={self.hsts_max_age_s}"
+        if self.hsts_include_subdomains:
+            value += "; includeSubDomains"
+        if self.hsts_preload:
+            value += "; preload"
+        return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,7 @@ from edge.http1 import (
     error_response,
     https_location,
     redirect_response,
+    with_field,
 )
 from edge.upstream import PendingRequest, Upstream, peer_address, stream_metadata
 from tunnel.aio.stream import StreamResetError
@@ -96,6 +97,7 @@ class ClientConnection(asyncio.Protocol):
         self._trusted = trusted
         self._client_address = client_address
         self._scheme = scheme
+        self._hsts = worker.hsts_field if scheme == "https" else None  # [tls] hsts_max_age_s
         self.transport: asyncio.Transport | None = None
         self.reader: RequestReader | None = None
         self.upstream: Upstream | None = None
@@ -378,6 +380,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _answer_with(self, request: PendingRequest, data: bytes) -> None:
         """Write the edge's own answer to ``request``, log it once sent, close."""
+        data = self._own(data)
         request.out_start = self._queued
         request.bytes_out = len(data)
         self._write(data)
@@ -461,7 +464,12 @@ class ClientConnection(asyncio.Protocol):
         elif kind is BackendClosed:
             self._on_backend_closed(upstream, event)  # type: ignore[arg-type]
 
+    def _own(self, response: bytes) -> bytes:
+        """A response head with the fields the edge adds to every final HTTPS one."""
+        return response if self._hsts is None else with_field(response, self._hsts)
+
     def _on_response_head(self, head: ResponseHeadReceived) -> None:
+        data = head.head if head.status < 200 else self._own(head.head)
         if self.pending:
             request = self.pending[0]
             if not request.first_byte:
@@ -471,9 +479,9 @@ class ClientConnection(asyncio.Protocol):
             if request.websocket_key is not None and head.status != 101 and head.status >= 200:
                 self._dispatch_requests(self.reader.upgrade_refused())  # type: ignore[union-attr]
             if not request.keep_alive and head.status >= 200 and head.status != 101:
-                self._write_response_bytes(closing_head(head.head))
+                self._write_response_bytes(closing_head(data))
                 return
-        self._write_response_bytes(head.head)
+        self._write_response_bytes(data)
 
     def _write_response_bytes(self, data: bytes) -> None:
         if self.pending:

@@ -37,6 +37,11 @@ How it works:
   destroy the response in flight.
 - A client that stops reading cannot hold a connection forever: no write
   progress for ``send_timeout_s`` aborts it (nginx's ``send_timeout``).
+- A connection that ends without a close_notify exchange (the client reset
+  it, the edge aborted it) is marked shut down before it is freed, as nginx
+  does, so OpenSSL keeps its session for TLS 1.2 resumption
+  (:func:`edge.openssl.mark_shut_down`); a client closing without
+  close_notify is an ordinary EOF (``OP_IGNORE_UNEXPECTED_EOF``, :mod:`edge.tls`).
 - :attr:`bytes_sent` counts the plaintext OpenSSL handed to the kernel, which
   is what the access log reports: bytes still queued here when the
   connection dies never reached the client.
@@ -63,6 +68,8 @@ import ssl
 import struct
 from collections.abc import Callable
 from typing import Any
+
+from edge.openssl import mark_shut_down
 
 log = logging.getLogger("geoedge.edge.tls")
 
@@ -523,6 +530,10 @@ class TlsServerTransport(asyncio.Transport):
         if self._state == _CLOSED:
             return
         was_open = self._state != _HANDSHAKE
+        if self._state in (_OPEN, _SHUTDOWN):
+            # Ending without a close_notify exchange (a reset, an abort, a
+            # failed write): keep the session resumable (edge.openssl).
+            mark_shut_down(self._tls)
         self._state = _CLOSED
         self._closing = True
         self._cancel_timer()

@@ -49,6 +49,9 @@ class EdgeWorker:
         self.edge_id = config.edge.id
         self.http_limits: HttpLimits = config.http.limits
         self.certificates = certificates
+        hsts = config.tls.hsts_value()
+        #: The Strict-Transport-Security field line of every HTTPS response, if on.
+        self.hsts_field = None if hsts is None else f"Strict-Transport-Security: {hsts}".encode()
         self._sockets = sockets
         self.origins = OriginSet(config.origins, config.tunnel)
         self.connections: set[ClientConnection] = set()

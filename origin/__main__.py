@@ -1,23 +1,28 @@
 """``geoedge-origin --config origin.toml``: the origin balancer daemon.
 
-Exit status: 0 after a clean stop, 2 for a bad command line or config (the
-message names the file, table and key), 1 when start-up fails otherwise
-(address in use, unreadable certificate).
+Exit status: 0 after a clean stop, 2 for a bad command line, config or file
+(one line per problem, naming the file and the setting: a missing or
+unreadable certificate, key or CA, a private key others can read), 1 when
+start-up fails otherwise (an address in use: the message names the setting).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 import uvloop
 
-from origin.config import load_origin_config
+from origin.config import OriginConfig, load_origin_config
 from origin.daemon import OriginDaemon
+from tunnel.aio.tls import TunnelTlsError
+from tunnel.aio.transport import listener_ssl_context
 from tunnel.runtime.config import ConfigError
 from tunnel.runtime.logs import configure_logging
+from tunnel.runtime.preflight import FileCheck, ListenError, PreflightError, check_files, run_as
 
 __all__ = ["main"]
 
@@ -31,27 +36,87 @@ def build_parser() -> argparse.ArgumentParser:
         "over Node.js backends",
     )
     parser.add_argument("--config", required=True, help="path to origin.toml")
-    parser.add_argument("--check", action="store_true", help="validate the config file and exit")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the config file, open every file it names, and exit",
+    )
+    parser.add_argument(
+        "--user", help="with --check (as root): check as this user, e.g. the service's"
+    )
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def origin_files(config: OriginConfig) -> list[FileCheck]:
+    """Every file the origin opens, with the setting that names it."""
+    listener = config.tunnel_listener
+    named = (
+        (listener.cert, "certificate", "cert"),
+        (listener.key, "private key", "key"),
+        (listener.ca, "CA", "ca"),
+    )
+    return [
+        FileCheck(path, kind, f"[tunnel_listener] {key}")  # type: ignore[arg-type]
+        for path, kind, key in named
+        if path is not None
+    ]
+
+
+def preflight(path: str, *, service_gid: int | None) -> OriginConfig:
+    """Load the config, open every file it names, build the tunnel's TLS context:
+    what ``--check`` does and what start-up does first (``service_gid``: see
+    :func:`~tunnel.runtime.preflight.key_mode_problem`)."""
+    config = load_origin_config(path)
+    check_files(origin_files(config), service_gid=service_gid)
     try:
-        config = load_origin_config(args.config)
-    except ConfigError as exc:
-        print(f"geoedge-origin: {exc}", file=sys.stderr)
-        return 2
+        listener_ssl_context(config.tunnel_listener)
+    except TunnelTlsError as exc:
+        raise TunnelTlsError(f"[tunnel_listener]: {exc}") from exc
+    return config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.user and not args.check:
+        parser.error("--user goes with --check (the service manager picks the daemon's user)")
     if args.check:
-        print(f"{args.config}: ok ({len(config.pools)} pool(s))")
-        return 0
+        if args.user:
+            return run_as(args.user, lambda: _check(args.config, os.getegid()))
+        # Root checking for a service it was not named: its group is unknown.
+        return _check(args.config, None if os.geteuid() == 0 else os.getegid())
+    try:
+        config = preflight(args.config, service_gid=os.getegid())
+    except (ConfigError, PreflightError, TunnelTlsError) as exc:
+        _report(args.config, exc)
+        return 2
     configure_logging(config.origin.log_level, json=config.origin.log_json)
     daemon = OriginDaemon(config, config_path=args.config)
     try:
         return uvloop.run(daemon.run())
-    except OSError as exc:
+    except ListenError as exc:
+        _report(args.config, exc)
+        return 1
+    except (OSError, TunnelTlsError) as exc:
         log.error("origin failed to start: %s", exc)
         return 1
+
+
+def _check(path: str, service_gid: int | None) -> int:
+    try:
+        config = preflight(path, service_gid=service_gid)
+    except (ConfigError, PreflightError, TunnelTlsError) as exc:
+        _report(path, exc)
+        return 2
+    print(f"{path}: ok ({len(config.pools)} pool(s))")
+    return 0
+
+
+def _report(path: str, exc: Exception) -> None:
+    """One line per problem, each naming the config file (ConfigError's do already)."""
+    for line in str(exc).splitlines():
+        prefix = "" if isinstance(exc, ConfigError) else f"{path}: "
+        print(f"geoedge-origin: {prefix}{line}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ Two places refuse an edge:
   :class:`TlsAudit` installs an ``SSLObject`` subclass on the listener's
   context (``SSLContext.sslobject_class``, the documented hook for this) whose
   ``do_handshake`` reports the failure before re-raising it;
-- the transport's authorizer, when the certificate's identity (or, inside
-  WireGuard, the peer address) is not allowed. It logs the reason itself and
+- the transport's authorizer, when the certificate is not an edge's (its
+  ``geoedge://<role>/<id>`` URI SAN names another role, or none) or its
+  identity (inside WireGuard, the peer address) is not allowed. It logs the reason itself and
   fails the connection's ``established`` future with
   :class:`~tunnel.aio.connection.PeerRefused`; :func:`refusal_reason` maps that to
   a short label for the metric.
@@ -66,6 +67,8 @@ class TlsAudit:
 def refusal_reason(exc: BaseException) -> str:
     """A metric label for the authorizer's refusal message."""
     text = str(exc)
+    if "expected role" in text:
+        return "wrong_role"
     if "allowed_identities" in text:
         return "identity_not_allowed"
     if "allowed_peers" in text:

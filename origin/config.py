@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from tunnel.aio.transport import TunnelListenerConfig, parse_host_port
+from tunnel.aio.transport import TunnelListenerConfig, is_host_name, parse_host_port
 from tunnel.mux import SessionConfig
 from tunnel.runtime.config import load_config
 
@@ -151,8 +151,8 @@ class DnsConfig:
     empty: the system resolver (A/AAAA through getaddrinfo, so /etc/hosts counts)."""
 
     def __post_init__(self) -> None:
-        if not self.name:
-            raise ValueError("name must not be empty")
+        if not is_host_name(self.name):
+            raise ValueError(f"name {self.name!r} is not a DNS name")
         if self.type != "SRV" and not 0 < self.port <= 65535:
             raise ValueError(f"type {self.type!r} needs a port (1-65535)")
         if self.interval_s <= 0:

@@ -22,8 +22,9 @@ config file's pools; an invalid file is logged and the old pools stay.
 Settings that need a restart (listener, tunnel tuning, admin address, worker
 count) are reported as such and left as they were.
 
-``/healthz`` is 200 when every worker is running (not stopping) and at least
-one backend of some pool is healthy and not drained.
+``/healthz`` is 200 when every worker is running, at least one backend of
+some pool is healthy and not drained, and no stop has begun: from SIGTERM on
+it answers 503 (``"draining": true``) while the drain runs.
 
 ``in_process=True`` runs one worker inside the parent's event loop, with no
 fork and no multiprocess metrics: the same wiring, for tests that need to
@@ -59,6 +60,7 @@ from tunnel.runtime.metrics import (
     enable_multiprocess,
     process_exited,
 )
+from tunnel.runtime.preflight import ListenError
 from tunnel.runtime.workers import Supervisor, WorkerContext, listen_control, tune_gc
 
 __all__ = ["OriginDaemon", "bind_listener"]
@@ -118,7 +120,10 @@ class OriginDaemon:
     async def _run(self) -> None:
         config = self.config
         listener = config.tunnel_listener
-        self._sock = bind_listener(listener.address)
+        try:
+            self._sock = bind_listener(listener.address)
+        except OSError as exc:
+            raise ListenError("[tunnel_listener] address", listener.address, exc) from None
         context = listener_ssl_context(listener)
         self._ssl = self._audit.install(context) if context is not None else None
         control_metrics = ControlMetrics()
@@ -142,7 +147,10 @@ class OriginDaemon:
         )
         try:
             await self.control.start()
-            await self.admin.start()
+            try:
+                await self.admin.start()
+            except OSError as exc:
+                raise ListenError("[admin] address", config.admin.address, exc) from None
             if self.worker is not None:
                 await self.worker.start(
                     sock=self._sock, ssl_context=self._ssl, tls_audit=self._audit
@@ -232,11 +240,18 @@ class OriginDaemon:
             workers = {"target": 1, "running": 1 if workers_ok else 0, "restarts": 0}
         usable = self.control.state.usable_backends()
         detail: dict[str, Any] = {
+            "draining": self._draining(),
             "workers": workers,
             "usable_backends": usable,
             "pools": self.control.status(),
         }
-        return workers_ok and usable > 0, detail
+        return workers_ok and usable > 0 and not detail["draining"], detail
+
+    def _draining(self) -> bool:
+        """A stop has begun (SIGTERM): ``/healthz`` is 503 from then on."""
+        if self.supervisor is not None:
+            return self.supervisor.statistics().stopping
+        return self.worker is not None and self.worker.statistics().draining
 
     def _routes(self) -> list[web.RouteDef]:
         return [

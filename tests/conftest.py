@@ -44,6 +44,8 @@ class PkiFiles:
     server: pki.CertPaths
     rogue_ca: Path
     rogue_edge: pki.CertPaths
+    impostor_origin: pki.CertPaths
+    """Our CA, the origin's identity and names, but the *edge* role."""
 
 
 @pytest.fixture(scope="session")
@@ -60,6 +62,9 @@ def test_pki(tmp_path_factory: pytest.TempPathFactory) -> PkiFiles:
     pki.create_ca(root / "rogue")
     rogue = pki.load_ca(root / "rogue")
     rogue_edge = pki.issue_peer_cert(rogue, root, "rogue-edge", "edge-1", role="edge")
+    impostor_origin = pki.issue_peer_cert(
+        ca, root, "impostor-origin", "origin-1", role="edge", dns_names=["localhost", "127.0.0.1"]
+    )
     return PkiFiles(
         dir=root,
         ca=ca.paths.cert,
@@ -69,4 +74,5 @@ def test_pki(tmp_path_factory: pytest.TempPathFactory) -> PkiFiles:
         server=server,
         rogue_ca=rogue.paths.cert,
         rogue_edge=rogue_edge,
+        impostor_origin=impostor_origin,
     )

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tests.conftest import PkiFiles
 from tests.tunnel_env import free_port
+from tunnel.runtime.pki import CertPaths
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_APP = ROOT / "deploy" / "node-app" / "server.js"
@@ -80,8 +81,13 @@ def write_edge_config(
     listener_extra: str = "",
     tls_extra: str = "",
     extra_top: str = "",
-    tls_keys: str = "",
+    tls_table: str = "",
+    certificate: CertPaths | None = None,
 ) -> Path:
+    """``tls_table``: keys of [tls] itself; ``tls_extra``: keys of the first
+    [[tls.certificates]] entry and more entries; ``certificate``: the first
+    entry's files (default: ``pki.server``)."""
+    certificate = certificate or pki.server
     origin_tables = "\n".join(
         f"""
 [[origins]]
@@ -112,10 +118,10 @@ address = "127.0.0.1:{https_port}"
 {listener_extra}
 
 [tls]
-{tls_keys}
+{tls_table}
 [[tls.certificates]]
-cert = "{pki.server.cert}"
-key = "{pki.server.key}"
+cert = "{certificate.cert}"
+key = "{certificate.key}"
 {tls_extra}
 
 [admin]
@@ -260,9 +266,10 @@ def edge_stack(
     extra: str = "",
     tls_extra: str = "",
     extra_top: str = "",
+    tls_table: str = "",
+    certificate: CertPaths | None = None,
     backend_port: int | None = None,
     origin_pool_extra: str = "",
-    tls_keys: str = "",
 ) -> Iterator[Stack]:
     """A Node backend (or ``backend_port``), the real origin balancer and an edge."""
     procs = Processes()
@@ -293,7 +300,8 @@ def edge_stack(
         extra=extra,
         tls_extra=tls_extra,
         extra_top=extra_top,
-        tls_keys=tls_keys,
+        tls_table=tls_table,
+        certificate=certificate,
     )
     log = tmp / "edge.log"
     edge = start_edge(procs, config, log)

@@ -37,7 +37,7 @@ from edge.http1.events import (
 )
 from edge.http1.limits import ClientContext, HttpLimits
 from edge.http1.request import RequestReader
-from edge.http1.response import ResponseReader, closing_head
+from edge.http1.response import ResponseReader, closing_head, with_field
 from edge.http1.websocket import websocket_accept
 
 __all__ = [
@@ -68,4 +68,5 @@ __all__ = [
     "https_location",
     "redirect_response",
     "websocket_accept",
+    "with_field",
 ]

@@ -329,3 +329,17 @@ def closing_head(head: bytes) -> bytes:
             kept.append(line)
     kept.append(b"Connection: close")
     return b"\r\n".join(kept) + b"\r\n\r\n"
+
+
+def with_field(response: bytes, field: bytes) -> bytes:
+    """``response`` (a final response head, or a whole response the edge wrote)
+    with the field line ``field`` (``b"Name: value"``) right after its status line.
+
+    First, so that it wins where a field may appear once and the first one
+    counts (RFC 6797 §8.1 for Strict-Transport-Security); the fields that
+    follow, framing included, are untouched. ``field`` must be a valid field
+    line without CR or LF (the caller builds it from configuration)."""
+    end = response.find(b"\r\n") + 2
+    if end < 2 or b"\r" in field or b"\n" in field:
+        raise ValueError("with_field needs a response with a status line and a one-line field")
+    return b"".join((response[:end], field, b"\r\n", response[end:]))

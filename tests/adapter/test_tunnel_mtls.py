@@ -21,6 +21,7 @@ from tests.tunnel_env import (
     start_server,
 )
 from tunnel.aio.stream import StreamIO, StreamResetError
+from tunnel.aio.transport import TunnelHandshakeError
 from tunnel.mux import ErrorCode, SessionConfig, StreamMetadata
 
 
@@ -152,6 +153,58 @@ def test_identity_not_in_allowlist_is_refused_and_logged(
     with caplog.at_level(logging.WARNING, logger="geoedge.tunnel"):
         run_async(main(), timeout=20)
     assert "'edge-2' is not in allowed_identities" in caplog.text
+
+
+def test_an_origin_certificate_is_refused_as_an_edge(
+    test_pki: PkiFiles, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Even with ``allowed_identities = ["*"]``: the role in the certificate
+    decides which side it may play."""
+
+    async def main() -> None:
+        server = await start_server(
+            listener_config(test_pki, 0, allowed_identities=("*",)), hash_echo
+        )
+        posing = dial_config(
+            test_pki, server.port, cert=test_pki.origin.cert, key=test_pki.origin.key
+        )
+        with pytest.raises((TunnelHandshakeError, ConnectionError, OSError)):
+            conn = await connect(posing)
+            io = open_io(conn)  # TLS 1.3: the refusal may come after our handshake
+            io.write(b"x")
+            io.write_eof()
+            await io.read_all()
+        assert not any(c.session.established for c in server.connections)
+        good = await connect(dial_config(test_pki, server.port))
+        assert good.info.peer_identity == "origin-1"
+        good.abort()
+        await server.close()
+
+    with caplog.at_level(logging.WARNING, logger="geoedge.tunnel"):
+        run_async(main(), timeout=20)
+    assert "certificate of 'origin-1' has role 'edge', expected role 'edge'" not in caplog.text
+    assert "certificate of 'origin-1' has role 'origin', expected role 'edge'" in caplog.text
+
+
+def test_the_edge_refuses_an_origin_presenting_an_edge_certificate(test_pki: PkiFiles) -> None:
+    """The impostor's certificate is from our CA, names ``localhost`` (so the
+    host name check passes) and even says ``origin-1``, but its role is edge."""
+
+    async def main() -> None:
+        server = await start_server(
+            listener_config(
+                test_pki,
+                0,
+                cert=test_pki.impostor_origin.cert,
+                key=test_pki.impostor_origin.key,
+            ),
+            hash_echo,
+        )
+        with pytest.raises(TunnelHandshakeError, match="has role 'edge', expected role 'origin'"):
+            await connect(dial_config(test_pki, server.port))
+        await server.close()
+
+    run_async(main(), timeout=20)
 
 
 def test_plain_tcp_transport_checks_peer_cidr(test_pki: PkiFiles) -> None:

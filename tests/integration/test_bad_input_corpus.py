@@ -141,7 +141,7 @@ def env(test_pki: PkiFiles, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             test_pki,
             tmp_path_factory.mktemp("corpus"),
             extra_top=corpus_config(ports),
-            tls_keys="handshake_timeout_s = 1.0\n",
+            tls_table="handshake_timeout_s = 1.0\n",
             backend_port=backend.port,
         ) as stack,
     ):

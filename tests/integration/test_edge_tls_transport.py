@@ -6,12 +6,16 @@ integration tests (SNI, resumption, 10 MB bodies, WebSockets, PROXY protocol).""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import hashlib
 import os
 import socket
 import ssl
+import struct
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -388,3 +392,73 @@ def collecting(protocols: list[Recorder]) -> Callable[[], Recorder]:
         return protocols[-1]
 
     return factory
+
+
+@pytest.mark.parametrize("end", ["client_fin", "client_rst", "server_abort"])
+def test_tls12_sessions_outlive_connections_that_end_without_close_notify(
+    test_pki: PkiFiles, end: str
+) -> None:
+    """OpenSSL evicts the session of a connection that ends in a fatal error or
+    is freed without a close_notify exchange. The edge's context and transport
+    keep it: each connection here resumes the first one's session ID, with the
+    previous connection freed (``gc.collect``) before the next handshake."""
+    from edge.config import CertificateConfig, TlsConfig
+    from edge.tls import CertificateStore
+
+    store = CertificateStore(
+        TlsConfig(certificates=(CertificateConfig(test_pki.server.cert, test_pki.server.key),))
+    )
+    client = client_context(test_pki)
+    client.maximum_version = ssl.TLSVersion.TLSv1_2
+    client.options |= ssl.OP_NO_TICKET  # the session-ID cache only
+
+    def exchange(address: tuple[str, int], session: ssl.SSLSession | None) -> tuple[bool, Any]:
+        raw = socket.create_connection(address, timeout=5)
+        tls = client.wrap_socket(raw, server_hostname="localhost", session=session)
+        tls.sendall(b"ping")
+        assert tls.recv(4) == b"pong"
+        reused, session = tls.session_reused, tls.session
+        if end == "client_fin":
+            tls.shutdown(socket.SHUT_RDWR)
+        elif end == "client_rst":
+            tls.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        else:
+            with contextlib.suppress(ssl.SSLError, OSError):
+                tls.recv(1)  # the server's abort: an EOF without close_notify
+        tls.close()
+        return reused, session
+
+    async def main() -> int:
+        protocols: list[Recorder] = []
+        sock = listening_socket()
+
+        def factory() -> Recorder:
+            protocols.append(Recorder(reply=b"pong", expect=4, close_after_reply=False))
+            return protocols[-1]
+
+        listener = TlsListener(sock, store.context, factory, 5.0)
+        loop = asyncio.get_running_loop()
+        address = sock.getsockname()
+        session = None
+        resumed = 0
+        for i in range(6):
+            task = loop.run_in_executor(None, exchange, address, session)
+            if end == "server_abort":
+                while len(protocols) <= i or "replied" not in protocols[i].events:
+                    await asyncio.sleep(0.01)
+                protocols[i].transport.abort()  # type: ignore[union-attr]
+            reused, first = await task
+            await asyncio.wait_for(protocols[i].lost, 5)
+            protocols[i] = Recorder()  # drops the transport (and the error's traceback)
+            await asyncio.sleep(0)  # the transport's own last callbacks
+            gc.collect()  # frees the server's SSL object: this is when OpenSSL evicts
+            assert not [o for o in gc.get_objects() if type(o).__name__ == "TlsServerTransport"]
+            if session is None:
+                session = first
+            else:
+                resumed += reused
+        listener.close()
+        sock.close()
+        return resumed
+
+    assert run_async(main(), 30) == 5

@@ -65,3 +65,35 @@ def test_unknown_and_unlisted_edges_are_refused_logged_and_counted(
     handshake = [r for r in logs if r.get("msg") == "edge refused in the TLS handshake"]
     assert len(handshake) == 1 and "certificate" in handshake[0]["detail"].lower()
     assert any("'edge-2' is not in allowed_identities" in r["msg"] for r in logs)
+
+
+def test_an_origin_certificate_is_refused_as_an_edge_logged_and_counted(
+    test_pki: PkiFiles, tmp_path: Path
+) -> None:
+    """``allowed_identities = ["*"]`` admits any identity, never another role."""
+    with node_backends(tmp_path, 1) as nodes:
+        config = origin_config(test_pki, [pool([nodes[0].address])], allowed_identities=("*",))
+        with origin_process(tmp_path, config) as origin:
+
+            async def main() -> str:
+                await origin.wait_ready()
+                posing = dial_config(
+                    test_pki, origin.port, cert=test_pki.origin.cert, key=test_pki.origin.key
+                )
+                with pytest.raises((TunnelHandshakeError, OSError)):
+                    connection = await connect(posing)
+                    await http_get(connection, "/ip")  # must not get this far
+                good = await connect(dial_config(test_pki, origin.port))
+                assert (await http_get(good, "/ip")).status == 200
+                good.abort()
+                await asyncio.sleep(0.1)
+                _, text = await admin_request("GET", f"{origin.admin_url}/metrics")
+                return str(text)
+
+            text = run_async(main(), 30)
+    refused = metric_values(text, "geoedge_origin_edges_refused_total")
+    assert refused == {'{reason="wrong_role"}': 1.0}, refused
+    assert any(
+        "certificate of 'origin-1' has role 'origin', expected role 'edge'" in r["msg"]
+        for r in origin.logs()
+    )

@@ -10,6 +10,7 @@ import pytest
 
 from origin.__main__ import main
 from origin.config import OriginConfig, load_origin_config, normalize_host
+from tunnel.runtime import pki
 from tunnel.runtime.config import ConfigError, config_from_mapping, config_to_toml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,7 +140,18 @@ def test_pool_needs_backends_and_bare_hosts() -> None:
 
 
 def test_check_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--config", str(EXAMPLE), "--check"]) == 0
+    """``--check`` opens the files the example names: missing here, then made
+    by ``geoedge pki`` where the example expects them."""
+    assert main(["--config", str(EXAMPLE), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "[tunnel_listener] cert: /etc/geoedge/pki/origin.pem: cannot read" in err
+    root = tmp_path / "etc" / "geoedge"
+    pki.create_ca(tmp_path / "ca")
+    pki.issue_peer_cert(tmp_path / "ca", root / "pki", "origin", "dublin", role="origin")
+    (root / "pki" / "ca.pem").write_bytes((tmp_path / "ca" / pki.CA_CERT_FILE).read_bytes())
+    moved = tmp_path / "origin.toml"
+    moved.write_text(EXAMPLE.read_text().replace("/etc/geoedge/", f"{root}/"))
+    assert main(["--config", str(moved), "--check"]) == 0
     assert "ok (2 pool(s))" in capsys.readouterr().out
     bad = write(tmp_path, MINIMAL.replace("[[pools.backends]]", "[[pools.backendz]]"))
     assert main(["--config", str(bad), "--check"]) == 2

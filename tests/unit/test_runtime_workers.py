@@ -330,3 +330,27 @@ def test_stop_before_start_returns(workers: int) -> None:
 
     run_async(main(), 10)
     assert supervisor.statistics().running == 0
+
+
+def test_a_reload_the_parent_refuses_is_not_forwarded(tmp_path: Path) -> None:
+    """``on_reload`` returning False: the parent logged the problem once, the
+    workers are not signalled (each would log it again) and keep serving."""
+    path = tmp_path / "report"
+    verdicts = [False, True]
+    supervisor = Supervisor(
+        serving_worker(path), workers=2, restart_backoff=FAST, on_reload=lambda: verdicts.pop(0)
+    )
+
+    async def main() -> None:
+        task = asyncio.get_running_loop().create_task(supervisor.run())
+        await until(lambda: len(started(path)) == 2)
+        os.kill(os.getpid(), signal.SIGHUP)  # refused
+        await asyncio.sleep(0.3)
+        assert not [line for line in lines(path) if line.startswith("hup")]
+        os.kill(os.getpid(), signal.SIGHUP)  # accepted
+        await until(lambda: sum(line.startswith("hup") for line in lines(path)) == 2)
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(task, 10)
+
+    run_async(main(), 20)
+    assert verdicts == []

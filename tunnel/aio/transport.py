@@ -1,10 +1,11 @@
 """Tunnel transports: mutual TLS 1.3 over TCP, or plain TCP inside WireGuard.
 
 Both ends share the configuration types here. The listener (origin) admits a
-peer only if its certificate identity is allowed (TLS) or its address falls in
-an allowed CIDR (TCP inside WireGuard, where WireGuard has already
-authenticated the peer's key and bound it to that address). Every refusal is
-logged with its reason.
+peer only if its certificate is an *edge* certificate whose identity is
+allowed (TLS), or its address falls in an allowed CIDR (TCP inside WireGuard,
+where WireGuard has already authenticated the peer's key and bound it to that
+address). The dialer (edge) accepts only an *origin* certificate for the name
+it dialed. Every refusal is logged with its reason.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import re
 import socket
 import ssl
 from collections.abc import Callable
@@ -29,7 +31,7 @@ from tunnel.aio.connection import (
 from tunnel.aio.tls import tunnel_client_context, tunnel_server_context
 from tunnel.mux import SessionConfig
 from tunnel.mux.errors import MuxError
-from tunnel.runtime.pki import peer_identity
+from tunnel.runtime.pki import PeerRole, parse_peer_name
 
 log = logging.getLogger("geoedge.tunnel")
 
@@ -41,20 +43,44 @@ class TunnelHandshakeError(ConnectionError):
     (TLS alert, identity not allowed) or spoke something else."""
 
 
+#: A DNS name as resolvers take it: dot-separated labels of letters, digits,
+#: hyphens and (for service names such as Consul's) underscores.
+_NUMERIC = re.compile(r"[0-9.]+")
+_DNS_NAME = re.compile(r"(?=.{1,253}\.?$)([A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\.?)+")
+
+
 def parse_host_port(text: str, default_port: int | None = None) -> tuple[str, int]:
-    """``host:port``, ``[v6]:port`` or (with a default) a bare host."""
+    """``host:port``, ``[v6]:port`` or (with a default) a bare host. The host
+    must be an IP address (IPv6 in brackets) or a DNS name: ``app#x:80``,
+    ``http://app:80`` or ``a b:80`` are refused, not passed on to a resolver."""
     host, sep, port = text.rpartition(":")
     if not sep or (host.count(":") and not host.startswith("[")):
         if default_port is None:
             raise ValueError(f"{text!r}: expected host:port")
         host, port = text, str(default_port)
-    host = host.strip("[]")
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError(f"{text!r}: {host} is not an IPv6 address") from None
+        host = host[1:-1]
+    elif not is_host_name(host):
+        raise ValueError(f"{text!r}: host must be an IP address or a DNS name")
     if not port.isascii() or not port.isdigit() or not 0 < len(port) <= 5:
         raise ValueError(f"{text!r}: port must be 0-65535")
     number = sum(int(c) * 10**i for i, c in enumerate(reversed(port)))
     if number > 65535:
         raise ValueError(f"{text!r}: port must be 0-65535")
     return host, number
+
+
+def is_host_name(text: str) -> bool:
+    """An IPv4 address or a DNS name (all-numeric names must be IPv4 addresses)."""
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        return _DNS_NAME.fullmatch(text) is not None and not _NUMERIC.fullmatch(text)
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,20 +139,48 @@ class TunnelDialConfig:
             raise ValueError("connections must be at least 1")
 
 
+def check_peer_certificate(
+    der: bytes | None, *, expect_role: PeerRole, allowed: frozenset[str]
+) -> str:
+    """The identity of a verified tunnel peer certificate, or :class:`PeerRefused`.
+
+    The certificate must name its role in its ``geoedge://<role>/<id>`` URI SAN
+    (:func:`tunnel.runtime.pki.issue_peer_cert` writes it), and the role must be
+    ``expect_role``: an origin admits only ``edge`` certificates and an edge
+    dials only ``origin`` ones, so the key of one side can never pose as the
+    other, whatever ``allowed`` says. A certificate without the URI SAN (its
+    identity would come from the CN) names no role and is refused too. Then
+    the identity must be in ``allowed`` (``"*"``: any).
+    """
+    if der is None:
+        raise PeerRefused("no peer certificate")
+    name = parse_peer_name(der)
+    if name is None:
+        raise PeerRefused("certificate carries no geoedge identity")
+    if name.role != expect_role:
+        found = f"role {name.role!r}" if name.role else "no role (no geoedge:// URI SAN)"
+        raise PeerRefused(
+            f"certificate of {name.identity!r} has {found}, expected role {expect_role!r}"
+        )
+    if "*" not in allowed and name.identity not in allowed:
+        raise PeerRefused(f"identity {name.identity!r} is not in allowed_identities")
+    return name.identity
+
+
 @dataclass(frozen=True, slots=True)
 class _TlsAuthorizer:
     allowed: frozenset[str]
-    expect_role: str | None = None
+    expect_role: PeerRole
 
     def __call__(self, transport: asyncio.Transport) -> ConnectionInfo:
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is None:
             raise PeerRefused("no TLS session")
-        identity = peer_identity(ssl_object.getpeercert(binary_form=True))
-        if identity is None:
-            raise PeerRefused("certificate carries no geoedge identity")
-        if "*" not in self.allowed and identity not in self.allowed:
-            raise PeerRefused(f"identity {identity!r} is not in allowed_identities")
+        identity = check_peer_certificate(
+            ssl_object.getpeercert(binary_form=True),
+            expect_role=self.expect_role,
+            allowed=self.allowed,
+        )
         return ConnectionInfo(identity, _peer(transport), "tls")
 
 
@@ -173,7 +227,7 @@ async def serve_tunnel(
     """Listen for edges. ``sock`` lets worker processes share one listening socket."""
     loop = asyncio.get_running_loop()
     if config.transport == "tls":
-        authorize: Authorizer = _TlsAuthorizer(frozenset(config.allowed_identities))
+        authorize: Authorizer = _TlsAuthorizer(frozenset(config.allowed_identities), "edge")
         ssl_context = ssl_context or listener_ssl_context(config)
     else:
         authorize = _CidrAuthorizer(config.allowed_peers)
@@ -215,7 +269,7 @@ async def dial_tunnel(
     host, port = parse_host_port(config.address)
     if config.transport == "tls":
         ssl_context = ssl_context or dial_ssl_context(config)
-        authorize: Authorizer = _TlsAuthorizer(frozenset({"*"}))
+        authorize: Authorizer = _TlsAuthorizer(frozenset({"*"}), "origin")
         server_name: str | None = config.server_name or host
     else:
         ssl_context, authorize, server_name = None, _accept_any, None

@@ -16,7 +16,9 @@ loop of its own for the admin listener and the daemon's control plane, and a
   SIGTERM to the workers (they drain), waits, and after ``stop_timeout_s``
   SIGKILLs the stragglers; :meth:`Supervisor.run` returns when all are gone;
 - on SIGHUP calls the daemon's ``on_reload`` in the parent, then forwards SIGHUP
-  to the workers (a worker must handle or ignore it: its default is to die);
+  to the workers (a worker must handle or ignore it: its default is to die),
+  unless ``on_reload`` returned False (the parent found the new files bad and
+  said so once: the workers keep what they have);
 - keeps a *control pipe* to each worker: :meth:`Supervisor.broadcast` sends a
   JSON object per line (the origin sends pool snapshots and drains this way),
   and :func:`listen_control` reads them in the worker. EOF on that pipe tells
@@ -152,7 +154,7 @@ class Supervisor:
         stop_timeout_s: float = 35.0,
         restart_backoff: Backoff | None = None,
         stable_after_s: float = 10.0,
-        on_reload: Callable[[], None] | None = None,
+        on_reload: Callable[[], bool | None] | None = None,
         on_worker_exit: Callable[[int, int], None] | None = None,
         parent_fds: Callable[[], Iterable[int]] = tuple,
         rng: random.Random | None = None,
@@ -360,7 +362,8 @@ class Supervisor:
     def _on_hup(self) -> None:
         if self._on_reload is not None:
             try:
-                self._on_reload()
+                if self._on_reload() is False:
+                    return
             except Exception:
                 log.exception("reload failed")
         for slot in self._slots:
