@@ -28,6 +28,7 @@ from tunnel.runtime.admin import AdminServer, HealthReport
 from tunnel.runtime.config import ConfigError, load_config
 from tunnel.runtime.logs import configure_logging
 from tunnel.runtime.metrics import cleanup_multiprocess, enable_multiprocess, process_exited
+from tunnel.runtime.version import add_version_option
 from tunnel.runtime.workers import Supervisor, WorkerContext, tune_gc
 
 log = logging.getLogger("geoedge.edge")
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="validate the config and exit")
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--log-format", choices=("json", "plain"), default="json")
+    add_version_option(parser)
     args = parser.parse_args(argv)
     configure_logging(args.log_level, json=args.log_format == "json")
     try:

@@ -18,6 +18,7 @@ from origin.config import load_origin_config
 from origin.daemon import OriginDaemon
 from tunnel.runtime.config import ConfigError
 from tunnel.runtime.logs import configure_logging
+from tunnel.runtime.version import add_version_option
 
 __all__ = ["main"]
 
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", required=True, help="path to origin.toml")
     parser.add_argument("--check", action="store_true", help="validate the config file and exit")
+    add_version_option(parser)
     return parser
 
 
