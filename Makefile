@@ -22,7 +22,9 @@ STAMPS := $(VENV)/.stamps
 APT_PACKAGES := haproxy wrk iptables iproute2 libnetfilter-queue-dev gcc python3-dev \
 	systemd wireguard-go wireguard-tools
 
-$(STAMPS)/apt-base:
+# Redone when this file changes (the package list may have grown); cheap when
+# everything is there already.
+$(STAMPS)/apt-base: Makefile
 	@mkdir -p $(STAMPS)
 	@need=""; \
 	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || need="$$need python3-venv"; \
