@@ -46,6 +46,8 @@ SHIPPED = [
     "sysctl/99-geoedge.conf",
     "cloud-init/edge.yaml",
     "cloud-init/origin.yaml",
+    "aws/edge-region.yaml",
+    "aws/latency-dns.yaml",
     "dns/route53-latency-records.json",
     "dns/route53-healthchecks.json",
     "node-app/server.js",

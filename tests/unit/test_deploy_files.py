@@ -631,7 +631,7 @@ def test_readme_wireguard_snippet_fits_the_schemas() -> None:
 def test_readme_names_files_that_exist() -> None:
     text = README.read_text()
     assert "loadtests/locustfile.py" in text
-    for name in re.findall(r"`((?:config|systemd|sysctl|cloud-init|dns)/[\w.-]+)`", text):
+    for name in re.findall(r"`((?:config|systemd|sysctl|cloud-init|dns|aws)/[\w.@-]+)`", text):
         if DEPLOY / name == ORIGIN_UNIT or name == "config/origin.example.toml":
             continue  # another engineer's files, checked by their tests
         assert (DEPLOY / name).exists(), name
