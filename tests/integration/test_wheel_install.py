@@ -12,6 +12,7 @@ would on a user's machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -259,3 +260,134 @@ def test_demo_runs_from_the_wheel_and_stops_cleanly(installed: Installed) -> Non
         time.sleep(0.1)
     assert not alive, f"processes left behind: {alive}"
     assert demo.returncode == 0, demo.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
+
+
+#: Runs inside the namespace with the installed venv's python: wait for the
+#: edge's /healthz, then one request through edge, tunnel, origin and Node.
+CHAIN_PROBE = """
+import json, ssl, sys, time, urllib.request
+admin, url, ca = sys.argv[1:4]
+deadline = time.monotonic() + float(sys.argv[4])
+while True:
+    try:
+        with urllib.request.urlopen(admin, timeout=1) as r:
+            if r.status == 200:
+                break
+    except OSError:
+        if time.monotonic() > deadline:
+            sys.exit("no tunnel up")
+        time.sleep(0.2)
+context = ssl.create_default_context(cafile=ca)
+with urllib.request.urlopen(url, context=context, timeout=10) as r:
+    print(json.dumps(json.loads(r.read())))
+"""
+
+
+def _exec_start(unit: Path, venv: Path, instance: str = "") -> list[str]:
+    """A generated unit's command line, its /usr/local/bin commands from the venv."""
+    [line] = [x for x in unit.read_text().splitlines() if x.startswith("ExecStart=")]
+    command = line.removeprefix("ExecStart=").replace("%i", instance)
+    return command.replace("/usr/local/bin/", f"{venv}/bin/").split()
+
+
+def test_generated_host_files_run_edge_origin_and_node(installed: Installed) -> None:
+    """``geoedge init`` for an origin, its Node.js backends and an edge, the
+    certificates from ``geoedge pki``, every process started with its generated
+    unit's ExecStart: in a network namespace of its own, since the configs bind
+    ports 80, 443, 7443 and 3001-3004 on every address."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and ip (a network namespace for ports 80 and 443)")
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("needs node and npm (make node installs them)")
+    home = installed.home / "chain"
+    etc, ca = home / "etc", str(home / "ca")
+    steps = [
+        ["geoedge", "init", "origin", "--out", str(home / "origin"), "--etc", str(etc)],
+        ["geoedge", "init", "edge", "--out", str(home / "edge"), "--etc", str(etc),
+         "--origin", "localhost:7443", "--name", "localhost"],
+        ["geoedge", "init", "node", "--out", str(home / "node")],
+        ["geoedge", "pki", "init", "--dir", ca],
+        ["geoedge", "pki", "peer", "--dir", ca, "--role", "origin", "--id", "origin-1",
+         "--dns", "localhost", "--out", "origin", "--out-dir", str(etc / "pki")],
+        ["geoedge", "pki", "peer", "--dir", ca, "--role", "edge", "--id", "edge-1",
+         "--out-dir", str(etc / "pki")],
+        ["geoedge", "pki", "server", "--dir", ca, "--name", "localhost", "--name", "127.0.0.1",
+         "--out", "app-ecdsa", "--out-dir", str(etc / "tls")],
+    ]  # fmt: skip
+    for command, *args in steps:
+        result = installed.run(command, *args)
+        assert result.returncode == 0, f"{command} {args}: {result.stderr}"
+    shutil.copy(home / "ca" / "ca.pem", etc / "pki" / "ca.pem")
+    # The one host path not under --etc: the access log (systemd's LogsDirectory).
+    edge_toml = home / "edge" / "edge.toml"
+    edge_toml.write_text(
+        edge_toml.read_text().replace("/var/log/geoedge/access.log", str(home / "access.log"))
+    )
+    app = home / "node" / "node-app"
+    npm = subprocess.run(
+        ["npm", "ci", "--omit=dev", "--no-audit", "--no-fund", "--loglevel=error"],
+        cwd=app, capture_output=True, text=True, timeout=300, env=installed.env,
+    )  # fmt: skip
+    assert npm.returncode == 0, npm.stderr
+
+    ns = f"gewheel{os.getpid() % 100000}"
+    procs: list[subprocess.Popen[bytes]] = []
+    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=30)
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True, timeout=30)
+
+        def start(name: str, argv: list[str], cwd: Path) -> None:
+            with open(home / f"{name}.log", "wb") as log:
+                procs.append(
+                    subprocess.Popen(
+                        ["ip", "netns", "exec", ns, *argv],
+                        cwd=cwd,
+                        env=installed.env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+
+        node_unit = home / "node" / "geoedge-node@.service"
+        origin = tomllib.loads((home / "origin" / "origin.toml").read_text())
+        ports = [b["address"].rsplit(":", 1)[1] for p in origin["pools"] for b in p["backends"]]
+        assert ports == ["3001", "3002", "3003", "3004"]
+        for port in ports:
+            start(f"node-{port}", _exec_start(node_unit, installed.venv, port), app)
+        for role in ("origin", "edge"):
+            # Installed as init says (under --etc), started as the unit says.
+            shutil.copy(home / role / f"{role}.toml", etc / f"{role}.toml")
+            argv = _exec_start(home / role / f"geoedge-{role}.service", installed.venv)
+            assert argv == [installed.bin(f"geoedge-{role}"), "--config", f"{etc}/{role}.toml"]
+            start(role, argv, installed.home)
+        (home / "probe.py").write_text(CHAIN_PROBE)
+        probe = subprocess.run(
+            ["ip", "netns", "exec", ns, installed.bin("python"), str(home / "probe.py"),
+             "http://127.0.0.1:9100/healthz", "https://127.0.0.1/ip", str(etc / "pki" / "ca.pem"),
+             "60"],
+            capture_output=True, text=True, timeout=120, env=installed.env,
+        )  # fmt: skip
+        logs = {p.name: p.read_text(errors="replace")[-1500:] for p in home.glob("*.log")}
+        assert probe.returncode == 0, (probe.stderr, logs)
+        answer = json.loads(probe.stdout)
+        assert answer["x_forwarded_for"] == "127.0.0.1"
+        assert str(answer["backend"]) in ports
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        left = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+        for pid in left.stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        subprocess.run(["ip", "netns", "del", ns], timeout=30)
+    # Every daemon stopped on SIGTERM, as systemd stops it: status 0.
+    assert [proc.returncode for proc in procs] == [0] * len(procs), logs
