@@ -1,6 +1,8 @@
 # Two commands do all set-up on a fresh Debian machine (README.md):
 #   make demo   origin, edge and sample Node.js backends on localhost
 #   make test   ruff + the whole pytest suite
+# and one builds what users install:
+#   make dist   dist/geoedge-<version>.tar.gz and dist/geoedge-<version>-py3-none-any.whl
 # Every target installs what it needs and is idempotent: stamps record what
 # was installed, and are redone when the file they depend on changes.
 
@@ -11,13 +13,18 @@ PY := $(VENV)/bin/python
 NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
 
-.PHONY: venv node test lint demo bench-tunnel bench-edge bench-tls-floor wan apt-base clean
+.PHONY: venv node test lint demo dist bench-tunnel bench-edge bench-tls-floor wan apt-base clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
-# for real peers (haproxy) and the WAN emulator (iptables, libnetfilter-queue).
-APT_PACKAGES := haproxy wrk iptables iproute2 libnetfilter-queue-dev gcc python3-dev
+# for real peers (haproxy), the WAN emulator (iptables, libnetfilter-queue), the
+# WireGuard test (wireguard-go, wireguard-tools) and the unit checks
+# (systemd-analyze, in systemd).
+APT_PACKAGES := haproxy wrk iptables iproute2 libnetfilter-queue-dev gcc python3-dev \
+	systemd wireguard-go wireguard-tools
 
-$(STAMPS)/apt-base:
+# Redone when this file changes (the package list may have grown); cheap when
+# everything is there already.
+$(STAMPS)/apt-base: Makefile
 	@mkdir -p $(STAMPS)
 	@need=""; \
 	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || need="$$need python3-venv"; \
@@ -60,6 +67,13 @@ test: venv node lint
 demo: venv node
 	$(VENV)/bin/geoedge demo
 
+# An sdist and a wheel (hatchling, pyproject.toml); the wheel carries deploy/ as
+# package data. Built in an isolated environment, as pip would.
+dist: venv
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	@ls -l dist
+
 bench-tunnel: venv
 	$(PY) -m loadtests.bench_tunnel
 
@@ -73,4 +87,4 @@ wan: $(STAMPS)/py-load node
 	$(PY) -m loadtests.wan.run
 
 clean:
-	rm -rf $(VENV) $(NODE_APP)/node_modules
+	rm -rf $(VENV) $(NODE_APP)/node_modules dist

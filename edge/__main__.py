@@ -45,6 +45,7 @@ from tunnel.runtime.preflight import (
     check_files,
     run_as,
 )
+from tunnel.runtime.version import add_version_option
 from tunnel.runtime.workers import Supervisor, WorkerContext, tune_gc
 
 log = logging.getLogger("geoedge.edge")
@@ -205,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--log-format", choices=("json", "plain"), default="json")
+    add_version_option(parser)
     args = parser.parse_args(argv)
     if args.user and not args.check:
         parser.error("--user goes with --check (the service manager picks the daemon's user)")

@@ -23,6 +23,7 @@ from tunnel.aio.transport import listener_ssl_context
 from tunnel.runtime.config import ConfigError
 from tunnel.runtime.logs import configure_logging
 from tunnel.runtime.preflight import FileCheck, ListenError, PreflightError, check_files, run_as
+from tunnel.runtime.version import add_version_option
 
 __all__ = ["main"]
 
@@ -44,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--user", help="with --check (as root): check as this user, e.g. the service's"
     )
+    parser.add_argument("--check", action="store_true", help="validate the config file and exit")
+    add_version_option(parser)
     return parser
 
 

@@ -47,6 +47,8 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 EDGE_EXAMPLE = DEPLOY / "config" / "edge.example.toml"
 EDGE_UNIT = DEPLOY / "systemd" / "geoedge-edge.service"
 ORIGIN_UNIT = DEPLOY / "systemd" / "geoedge-origin.service"
+NODE_UNIT = DEPLOY / "systemd" / "geoedge-node@.service"
+UNITS = (EDGE_UNIT, ORIGIN_UNIT, NODE_UNIT)
 SYSCTL = DEPLOY / "sysctl" / "99-geoedge.conf"
 CLOUD_INIT = {
     "edge": DEPLOY / "cloud-init" / "edge.yaml",
@@ -161,47 +163,153 @@ def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
     return sections
 
 
+def unit_service(unit: Path) -> dict[str, list[str]]:
+    return parse_unit(unit.read_text())["Service"]
+
+
+def one(service: dict[str, list[str]], key: str) -> str:
+    [value] = service[key]
+    return value
+
+
 def test_edge_unit_runs_the_daemon_as_described() -> None:
-    service = parse_unit(EDGE_UNIT.read_text())["Service"]
-
-    def one(key: str) -> str:
-        [value] = service[key]
-        return value
-
-    assert one("Type") == "exec"
-    assert one("ExecStart") == "/usr/local/bin/geoedge-edge --config /etc/geoedge/edge.toml"
-    assert one("ExecReload") == "/bin/kill -HUP $MAINPID"
-    assert one("KillSignal") == "SIGTERM"
-    assert one("Restart") == "on-failure"
-    assert one("User") == "geoedge"
-    assert one("LimitNOFILE") == "1048576"
-    assert one("AmbientCapabilities") == "CAP_NET_BIND_SERVICE"
-    assert one("ReadWritePaths") == "/var/log/geoedge"
-    for key in ("NoNewPrivileges", "ProtectHome", "PrivateTmp", "PrivateDevices"):
-        assert one(key) == "yes", key
-    assert one("ProtectSystem") == "strict"
+    service = unit_service(EDGE_UNIT)
+    assert one(service, "ExecStart") == (
+        "/usr/local/bin/geoedge-edge --config /etc/geoedge/edge.toml"
+    )
+    assert one(service, "AmbientCapabilities") == "CAP_NET_BIND_SERVICE"
+    assert one(service, "ReadWritePaths") == "/var/log/geoedge"
     # The drain must finish (plus closing the tunnels) before systemd SIGKILLs.
-    assert float(one("TimeoutStopSec")) >= edge_example().edge.drain_timeout_s + 5
+    assert float(one(service, "TimeoutStopSec")) >= edge_example().edge.drain_timeout_s + 5
     # The access log is written where the unit allows writing.
     access_log = Path(edge_example().http.access_log)
-    assert access_log.is_relative_to(one("ReadWritePaths"))
+    assert access_log.is_relative_to(one(service, "ReadWritePaths"))
 
 
-def test_edge_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed")
-    # verify checks that ExecStart exists: point it at a stand-in.
-    stand_in = tmp_path / "geoedge-edge"
+def test_origin_and_node_units_run_what_the_origin_config_names() -> None:
+    service = unit_service(ORIGIN_UNIT)
+    assert one(service, "ExecStart") == (
+        "/usr/local/bin/geoedge-origin --config /etc/geoedge/origin.toml"
+    )
+    assert one(service, "CapabilityBoundingSet") == ""
+    node = unit_service(NODE_UNIT)
+    assert one(node, "ExecStart") == "/usr/bin/node server.js %i"
+    assert one(node, "WorkingDirectory") == "/opt/geoedge/node-app"
+    assert one(node, "DynamicUser") == "yes"
+    assert "geoedge-origin.service" in parse_unit(NODE_UNIT.read_text())["Unit"]["Before"]
+
+
+#: What every unit sets the same way: how it starts, stops, restarts, is hardened.
+SHARED_SERVICE_SETTINGS = {
+    "Type": "exec",
+    "KillMode": "mixed",
+    "KillSignal": "SIGTERM",
+    "TimeoutStopSec": "45",
+    "Restart": "on-failure",
+    "RestartSec": "2",
+    "RestartPreventExitStatus": "2",
+    "NoNewPrivileges": "yes",
+    "ProtectSystem": "strict",
+    "ProtectHome": "yes",
+    "PrivateTmp": "yes",
+    "PrivateDevices": "yes",
+    "PrivateMounts": "yes",
+    "ProtectKernelTunables": "yes",
+    "ProtectKernelModules": "yes",
+    "ProtectKernelLogs": "yes",
+    "ProtectControlGroups": "yes",
+    "ProtectClock": "yes",
+    "ProtectHostname": "yes",
+    "ProtectProc": "invisible",
+    "LockPersonality": "yes",
+    "RestrictRealtime": "yes",
+    "RestrictSUIDSGID": "yes",
+    "RestrictNamespaces": "yes",
+    "RemoveIPC": "yes",
+    "SystemCallArchitectures": "native",
+    "SystemCallErrorNumber": "EPERM",
+    "UMask": "0077",
+}
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda u: u.name)
+def test_units_share_one_layout(unit: Path) -> None:
+    sections = parse_unit(unit.read_text())
+    service = sections["Service"]
+    for key, value in SHARED_SERVICE_SETTINGS.items():
+        assert service.get(key) == [value], f"{unit.name}: {key}"
+    assert service["SystemCallFilter"][0] == "@system-service"
+    assert "~@privileged" in service["SystemCallFilter"][1].split()
+    # A Documentation= link must lead somewhere; there is no stable one to give.
+    assert "Documentation" not in sections["Unit"], unit.name
+    assert sections["Unit"]["StartLimitIntervalSec"] == ["120"]
+    assert sections["Unit"]["StartLimitBurst"] == ["10"]
+    assert sections["Install"] == {"WantedBy": ["multi-user.target"]}
+    # Daemons run the pip-installed console script, linked into /usr/local/bin.
+    binary = one(service, "ExecStart").split()[0]
+    assert binary in {
+        "/usr/local/bin/geoedge-edge",
+        "/usr/local/bin/geoedge-origin",
+        "/usr/bin/node",
+    }
+    if binary.startswith("/usr/local/bin/"):
+        assert one(service, "ExecReload") == "/bin/kill -HUP $MAINPID"
+        assert one(service, "User") == one(service, "Group") == "geoedge"
+        assert one(service, "LimitNOFILE") == "1048576"
+        assert "ExecStartPre" not in service, "the daemon checks its config itself (exit 2)"
+
+
+def _verify_copy(unit: Path, directory: Path) -> Path:
+    """``unit`` in ``directory``, its programs replaced by a stand-in (verify checks
+    that ExecStart exists), a template as one instance (verify skips templates)."""
+    stand_in = directory / "stand-in"
     stand_in.write_text("#!/bin/sh\n")
     stand_in.chmod(0o755)
-    unit = tmp_path / EDGE_UNIT.name
-    unit.write_text(EDGE_UNIT.read_text().replace("/usr/local/bin/geoedge-edge", str(stand_in)))
+    text = re.sub(r"/usr/local/bin/geoedge-\w+|/usr/bin/node", str(stand_in), unit.read_text())
+    copy = directory / unit.name.replace("@.", "@3001.")
+    copy.write_text(text)
+    return copy
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda u: u.name)
+def test_unit_passes_systemd_analyze_verify(unit: Path, tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed (Debian package: systemd)")
+    copy = _verify_copy(unit, tmp_path)
     result = subprocess.run(
-        [analyze, "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=30
+        [analyze, "verify", "--man=no", str(copy)], capture_output=True, text=True, timeout=30
     )
     # Unknown keys are only warnings (exit 0): any output at all is a failure.
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+#: The exposure ``systemd-analyze security`` gives each unit (deploy/README.md
+#: records them); a change that loosens a unit must say so here.
+SECURITY_EXPOSURE = {EDGE_UNIT.name: 1.5, ORIGIN_UNIT.name: 1.1, NODE_UNIT.name: 1.2}
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda u: u.name)
+def test_unit_security_exposure_is_as_recorded(unit: Path, tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed (Debian package: systemd)")
+    copy = _verify_copy(unit, tmp_path)
+    result = subprocess.run(
+        [analyze, "security", "--offline=true", "--no-pager", copy.name],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+    )
+    if "--offline" in result.stderr and "unrecognized" in result.stderr:
+        pytest.skip("this systemd-analyze has no --offline (systemd < 252)")
+    match = re.search(r"Overall exposure level for \S+: (\d+\.\d)", result.stdout)
+    assert match, result.stdout[-500:] + result.stderr
+    assert float(match.group(1)) <= SECURITY_EXPOSURE[unit.name], match.group(0)
+    row = f"| `{unit.name}` | "
+    [line] = [line for line in README.read_text().splitlines() if line.startswith(row)]
+    assert line.endswith(f"| {SECURITY_EXPOSURE[unit.name]} OK |"), line
 
 
 # -------------------------------------------------------------------------- sysctl
@@ -334,13 +442,11 @@ def test_user_data_parses_and_creates_the_user_before_using_it(role: str) -> Non
 
 @pytest.mark.parametrize(
     ("role", "unit"),
-    [("edge", EDGE_UNIT), ("origin", ORIGIN_UNIT)],
+    [("edge", EDGE_UNIT), ("origin", ORIGIN_UNIT), ("origin", NODE_UNIT)],
 )
 def test_user_data_carries_exact_copies(role: str, unit: Path) -> None:
     files = written(load_user_data(role))
     assert files["/etc/sysctl.d/99-geoedge.conf"]["content"] == SYSCTL.read_text()
-    if not unit.exists():
-        pytest.skip(f"{unit} is not written yet")
     copy = files[f"/etc/systemd/system/{unit.name}"]["content"]
     assert copy == unit.read_text(), f"copy {unit} into {CLOUD_INIT[role]}"
 
@@ -360,8 +466,19 @@ def test_user_data_config_loads_and_its_files_are_written(
     assert needed and all(str(p) in files for p in needed), needed
     commands = runcmd_lines(data)
     assert f"python3 -m venv {VENV}" in commands
-    assert any(re.fullmatch(rf"{VENV}/bin/pip install .*geoedge\S*", c) for c in commands)
+    # The release is a variable set in one place, a wheel URL.
+    [env] = [line for line in files["/etc/geoedge/install.env"]["content"].splitlines()]
+    name, _, url = env.partition("=")
+    assert name == "GEOEDGE_WHEEL_URL" and re.fullmatch(r"https://\S+\.whl", url), env
+    install = (
+        f"sh -c . /etc/geoedge/install.env && {VENV}/bin/pip install --no-cache-dir "
+        '"$GEOEDGE_WHEEL_URL"'
+    )
+    assert install in commands
+    assert commands.index(install) > commands.index(f"python3 -m venv {VENV}")
     assert f"systemctl enable --now geoedge-{role}.service" in commands
+    assert "pip install geoedge" not in CLOUD_INIT[role].read_text(), "no such package on PyPI"
+
     # The unit runs the command from the venv, directly or through a symlink.
     unit_text = files[f"/etc/systemd/system/geoedge-{role}.service"]["content"]
     [exec_start] = parse_unit(unit_text)["Service"]["ExecStart"]
@@ -369,6 +486,30 @@ def test_user_data_config_loads_and_its_files_are_written(
     assert args == ["--config", path]
     in_venv = f"{VENV}/bin/geoedge-{role}"
     assert binary == in_venv or f"ln -sf {in_venv} {binary}" in commands, binary
+
+
+def test_origin_user_data_runs_the_sample_app_as_its_backends() -> None:
+    data = load_user_data("origin")
+    assert {"nodejs", "npm"} <= set(data["packages"])
+    files = written(data)
+    config = config_from_mapping(
+        tomllib.loads(files["/etc/geoedge/origin.toml"]["content"]), OriginConfig
+    )
+    backends = [b.address for pool in config.pools for b in pool.backends]
+    ports = sorted(int(parse_host_port(b)[1]) for b in backends)
+    commands = runcmd_lines(data)
+    enable = next(c for c in commands if "geoedge-node@" in c and "enable" in c)
+    assert sorted(int(x) for x in re.findall(r"geoedge-node@(\d+)\.service", enable)) == ports
+    # The app comes out of the installed wheel, its modules from its lock file.
+    init = commands.index("/usr/local/bin/geoedge init node --out /run/geoedge-node")
+    npm = next(i for i, c in enumerate(commands) if "npm ci --omit=dev" in c)
+    assert (
+        init
+        < npm
+        < commands.index(enable)
+        < commands.index("systemctl enable --now geoedge-origin.service")
+    )
+    assert "cd /opt/geoedge/node-app" in commands[npm]
 
 
 def _paths_in(obj: Any) -> list[Path]:
@@ -470,6 +611,9 @@ def test_readme_pki_and_wireguard_commands_run(
     assert any(c[:2] == ["pki", "init"] for c in commands)
     assert any(c[:2] == ["wireguard", "mesh"] for c in commands)
     for argv in commands:
+        # Run in tmp_path: a README command that writes elsewhere is not run here.
+        assert not [a for a in argv if a.startswith("/")], f"absolute path in geoedge {argv}"
+    for argv in commands:
         assert cli.main(argv) == 0, f"geoedge {' '.join(argv)}: {capsys.readouterr().err}"
     config = edge_example()
     issued = tmp_path / "issued" / config.edge.id
@@ -492,7 +636,7 @@ def test_readme_wireguard_snippet_fits_the_schemas() -> None:
 def test_readme_names_files_that_exist() -> None:
     text = README.read_text()
     assert "loadtests/locustfile.py" in text
-    for name in re.findall(r"`((?:config|systemd|sysctl|cloud-init|dns)/[\w.-]+)`", text):
+    for name in re.findall(r"`((?:config|systemd|sysctl|cloud-init|dns|aws)/[\w.@-]+)`", text):
         if DEPLOY / name == ORIGIN_UNIT or name == "config/origin.example.toml":
             continue  # another engineer's files, checked by their tests
         assert (DEPLOY / name).exists(), name

@@ -101,16 +101,61 @@ class TunnelListenerConfig:
     """Edge identities admitted (``tls``); ``"*"`` admits any certificate of the CA."""
     allowed_peers: tuple[Network, ...] = ()
     """CIDRs of admitted edges (``tcp``): their WireGuard addresses."""
+    allow_public_plaintext: bool = False
+    """Let ``tcp`` bind an address that is not private (see
+    :data:`PRIVATE_NETWORKS`), a wildcard or a host name. Plain TCP carries the
+    tunnel unencrypted and admits peers by address alone, which only a
+    network such as WireGuard makes safe; say so explicitly for any other."""
 
     def __post_init__(self) -> None:
-        parse_host_port(self.address)
+        host, _ = parse_host_port(self.address)
         if self.transport == "tls":
             if not (self.cert and self.key and self.ca):
                 raise ValueError("transport 'tls' needs cert, key and ca")
             if not self.allowed_identities:
                 raise ValueError("transport 'tls' needs allowed_identities (or ['*'])")
-        elif not self.allowed_peers:
+            return
+        if not self.allowed_peers:
             raise ValueError("transport 'tcp' needs allowed_peers (WireGuard CIDRs)")
+        exposure = plaintext_exposure(host)
+        if exposure is not None and not self.allow_public_plaintext:
+            raise ValueError(
+                f"address {self.address!r} {exposure}: transport 'tcp' is unencrypted; "
+                "bind the private (WireGuard) address, or set allow_public_plaintext = true"
+            )
+
+
+#: Where a plain-TCP tunnel listener may bind without allow_public_plaintext:
+#: RFC 1918, RFC 6598 shared space (some VPNs), loopback, link-local, IPv6
+#: unique-local and link-local. Written out rather than ``is_private``, which
+#: also counts the documentation ranges (203.0.113.0/24 and others).
+PRIVATE_NETWORKS: tuple[Network, ...] = tuple(
+    ipaddress.ip_network(net)
+    for net in (
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "::1/128",
+        "fc00::/7",
+        "fe80::/10",
+    )
+)
+
+
+def plaintext_exposure(host: str) -> str | None:
+    """Why binding ``host`` with plain TCP could expose the tunnel, or None."""
+    try:
+        address = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return "is a host name, which may resolve to a public address"
+    if address.is_unspecified:
+        return "binds every address of the host, public ones included"
+    if not any(address in net for net in PRIVATE_NETWORKS):
+        return "is not a private address"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

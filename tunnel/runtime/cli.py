@@ -1,10 +1,11 @@
-"""The ``geoedge`` command: PKI and WireGuard tooling, the local demo, the version.
+"""The ``geoedge`` command: PKI and WireGuard tooling, host files, the local demo.
 
 Each subcommand is a thin shell over a library function (:mod:`tunnel.runtime.pki`,
-:mod:`tunnel.runtime.wireguard`, :mod:`tunnel.runtime.demo`), so everything the
-command does can also be done, and is tested, from Python. The demo is
-imported only when asked for: it pulls in the daemons, which the PKI commands
-on a bare CA host do not need.
+:mod:`tunnel.runtime.wireguard`, :mod:`tunnel.runtime.host_init`,
+:mod:`tunnel.runtime.demo`), so everything the command does can also be done,
+and is tested, from Python. The demo and the config schemas are imported only
+when asked for: they pull in the daemons, which the PKI commands on a bare CA
+host do not need.
 
 Exit status: 0 on success, 1 when the request cannot be honoured (the message
 says why), 2 for a usage error (argparse's convention).
@@ -16,10 +17,10 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 from pathlib import Path
 
-from tunnel.runtime import pki, wireguard
+from tunnel.runtime import assets, host_init, pki, wireguard
+from tunnel.runtime.version import add_version_option, package_version
 
 __all__ = ["build_parser", "main"]
 
@@ -42,7 +43,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.handler(args) or 0)
-    except (pki.PkiError, wireguard.WireguardToolingError) as exc:
+    except (
+        pki.PkiError,
+        wireguard.WireguardToolingError,
+        host_init.InitError,
+        assets.AssetsError,
+    ) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
 
@@ -51,9 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="geo-edge TLS termination with persistent tunnels"
     )
+    add_version_option(parser)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_pki(commands)
     _add_wireguard(commands)
+    _add_init(commands)
+    _add_config(commands)
     # Listed for --help only: main() hands "demo ..." to the demo before parsing.
     commands.add_parser("demo", help="run origin, edge and sample Node.js backends on localhost")
     version = commands.add_parser("version", help="print the version")
@@ -230,6 +239,135 @@ def _wg_mesh(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- init, config ---------------------------------------------------------------------
+
+
+def _add_init(commands: argparse._SubParsersAction) -> None:
+    init = commands.add_parser(
+        "init",
+        help="write one host's config, units, sysctl file and cloud-init",
+        description="Write the files one host needs into --out, ready to copy: for "
+        "an edge or an origin the config (every key, commented), the systemd "
+        "unit(s), the sysctl file and EC2 user data; for a Node.js backend host "
+        "the geoedge-node@.service template and the sample app. Prints where "
+        "each file goes.",
+    )
+    sub = init.add_subparsers(title="roles", metavar="ROLE", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--out", required=True, type=Path, help="output directory")
+    common.add_argument("--force", action="store_true", help="overwrite existing files")
+
+    roles = argparse.ArgumentParser(add_help=False)
+    roles.add_argument(
+        "--etc",
+        type=Path,
+        default=host_init.DEFAULT_ETC,
+        help="where the config and certificates live on the host (/etc/geoedge)",
+    )
+    roles.add_argument(
+        "--wheel-url",
+        help="the geoedge wheel (or pip URL) the cloud-init installs "
+        "(default: a placeholder to edit)",
+    )
+
+    edge = sub.add_parser("edge", parents=[common, roles], help="an edge host")
+    edge.add_argument("--id", dest="edge_id", default="edge-1", help="the edge id (edge-1)")
+    edge.add_argument(
+        "--origin",
+        action="append",
+        dest="origins",
+        metavar="HOST:PORT",
+        help="an origin's tunnel address (repeat; the first is the primary; "
+        "default origin.example.com:7443)",
+    )
+    edge.add_argument(
+        "--name",
+        action="append",
+        dest="names",
+        help="a name users connect to (repeat; default app.example.com)",
+    )
+    edge.add_argument("--nlb-cidr", help="behind an NLB with PROXY v2: the VPC CIDR")
+    edge.set_defaults(handler=_init_edge)
+
+    origin = sub.add_parser("origin", parents=[common, roles], help="an origin host")
+    origin.add_argument("--id", dest="origin_id", default="origin-1", help="origin id")
+    origin.add_argument(
+        "--edge", action="append", dest="edges", metavar="ID", help="an edge id to admit (repeat)"
+    )
+    origin.add_argument(
+        "--backend",
+        action="append",
+        dest="backends",
+        metavar="HOST:PORT",
+        help="a Node.js backend (repeat; default: the sample app on 127.0.0.1:3001-3004)",
+    )
+    origin.add_argument(
+        "--name", action="append", dest="names", help="a host name the pool serves (repeat)"
+    )
+    origin.set_defaults(handler=_init_origin)
+
+    node = sub.add_parser("node", parents=[common], help="a Node.js backend host")
+    node.set_defaults(handler=_init_node)
+
+
+def _init_edge(args: argparse.Namespace) -> int:
+    defaults = host_init.EdgeChoices()
+    choices = host_init.EdgeChoices(
+        edge_id=args.edge_id,
+        origins=tuple(args.origins or defaults.origins),
+        names=tuple(args.names or defaults.names),
+        nlb_cidr=args.nlb_cidr,
+        etc_dir=args.etc,
+        wheel_url=args.wheel_url,
+    )
+    return _write_init("edge", host_init.edge_files(choices), args)
+
+
+def _init_origin(args: argparse.Namespace) -> int:
+    defaults = host_init.OriginChoices()
+    choices = host_init.OriginChoices(
+        origin_id=args.origin_id,
+        edges=tuple(args.edges or defaults.edges),
+        backends=tuple(args.backends or defaults.backends),
+        names=tuple(args.names or ()),
+        etc_dir=args.etc,
+        wheel_url=args.wheel_url,
+    )
+    return _write_init("origin", host_init.origin_files(choices), args)
+
+
+def _init_node(args: argparse.Namespace) -> int:
+    return _write_init("node", host_init.node_files(), args)
+
+
+def _write_init(role: str, files: list[host_init.HostFile], args: argparse.Namespace) -> int:
+    for path in host_init.write_host_files(files, args.out, force=args.force):
+        print(f"wrote {path}")
+    print("\nto install on the host, as root:")
+    for step in host_init.install_steps(role, files, args.out):
+        print(f"  {step}")
+    if role != "node":
+        print(f"EC2 user data instead: gzip -9 -c {args.out}/cloud-init.yaml (deploy/README.md)")
+    return 0
+
+
+def _add_config(commands: argparse._SubParsersAction) -> None:
+    config = commands.add_parser("config", help="print the full default config of a daemon")
+    config.add_argument(
+        "--defaults",
+        required=True,
+        choices=sorted(host_init.SCHEMAS),
+        metavar="ROLE",
+        help="edge or origin: every key with its default, commented",
+    )
+    config.set_defaults(handler=_config_defaults)
+
+
+def _config_defaults(args: argparse.Namespace) -> int:
+    sys.stdout.write(host_init.defaults_toml(args.defaults))
+    return 0
+
+
 # --- demo, version -------------------------------------------------------------------
 
 
@@ -247,11 +385,7 @@ def _run_demo(demo_args: list[str]) -> int:
 
 
 def _run_version(args: argparse.Namespace) -> int:
-    try:
-        version = metadata.version("geoedge")
-    except metadata.PackageNotFoundError:
-        version = "unknown (not installed)"
-    print(f"{PROG} {version}")
+    print(f"{PROG} {package_version()}")
     return 0
 
 

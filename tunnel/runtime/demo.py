@@ -10,6 +10,11 @@ on its /healthz, one line goes to stdout::
 Logs go to files in the demo directory (their paths are printed on stderr).
 Ctrl-C or SIGTERM stops every process the demo started (by PID: SIGTERM, then
 SIGKILL after a grace period) and removes the directory.
+
+It runs the same from a checkout and from an installed wheel: the sample app
+comes from the shipped files, its ``ws`` dependency from ``npm ci`` into a
+cache directory on first use (:func:`tunnel.runtime.assets.prepare_node_app`),
+and the daemons are started with this interpreter (``python -m edge``).
 """
 
 from __future__ import annotations
@@ -27,10 +32,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tunnel.runtime import pki
-
-REPO = Path(__file__).resolve().parents[2]
-NODE_APP = REPO / "deploy" / "node-app" / "server.js"
+from tunnel.runtime import assets, pki
 
 
 def _free_port() -> int:
@@ -138,16 +140,23 @@ connections = 2
 
 
 class Demo:
-    def __init__(self, directory: Path, port: int, backends: int) -> None:
+    def __init__(self, directory: Path, port: int, backends: int, node_app: Path) -> None:
         self.dir = directory
         self.port = port
         self.backend_count = backends
+        self.node_app = node_app
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def _start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def _start(
+        self, name: str, argv: list[str], cwd: Path | None = None
+    ) -> subprocess.Popen[bytes]:
         log = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
         proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd or self.dir,
+            start_new_session=True,
         )
         log.close()
         self.procs.append(proc)
@@ -162,7 +171,7 @@ class Demo:
         )
         (self.dir / "edge.toml").write_text(edge_toml(self.dir, self.port, edge_admin, tunnel_port))
         for port in backends:
-            self._start(f"node-{port}", ["node", str(NODE_APP), str(port)])
+            self._start(f"node-{port}", ["node", "server.js", str(port)], cwd=self.node_app)
         python = sys.executable
         self._start("origin", [python, "-m", "origin", "--config", str(self.dir / "origin.toml")])
         self._start("edge", [python, "-m", "edge", "--config", str(self.dir / "edge.toml")])
@@ -196,14 +205,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", type=int, default=4, help="Node.js backends (4)")
     parser.add_argument("--keep", action="store_true", help="keep the demo directory at exit")
     args = parser.parse_args(argv)
-    if not NODE_APP.exists() or not (NODE_APP.parent / "node_modules").is_dir():
-        print("geoedge demo: the sample app is not installed; run `make demo`", file=sys.stderr)
-        return 1
     if not _port_free(args.port):
         print(f"geoedge demo: port {args.port} is in use (try --port)", file=sys.stderr)
         return 1
+    try:
+        node_app = assets.prepare_node_app(log=lambda line: print(line, file=sys.stderr))
+    except assets.AssetsError as exc:
+        print(f"geoedge demo: {exc}", file=sys.stderr)
+        return 1
     directory = Path(tempfile.mkdtemp(prefix="geoedge-demo-"))
-    demo = Demo(directory, args.port, args.backends)
+    demo = Demo(directory, args.port, args.backends, node_app)
 
     def on_signal(signum: int, frame: object) -> None:
         raise KeyboardInterrupt

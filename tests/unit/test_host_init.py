@@ -1,0 +1,220 @@
+"""``geoedge init`` and ``geoedge config --defaults``: files for one host that the
+daemons' own loader accepts, that agree with the shipped units and cloud-init,
+and that say everything (every key of the schema, with its docstring)."""
+
+from __future__ import annotations
+
+import gzip
+import re
+import stat
+import tomllib
+import typing
+from pathlib import Path
+
+import pytest
+
+from edge.config import EdgeConfig
+from origin.config import OriginConfig
+from tests.unit.test_deploy_files import (
+    DEPLOY,
+    USER_DATA_LIMIT_BYTES,
+    _schema_keys,
+    parse_unit,
+)
+from tunnel.runtime import cli, host_init
+from tunnel.runtime.config import config_from_mapping, field_docs, load_config
+
+yaml = pytest.importorskip("yaml")
+
+
+def missing_keys(schema: type, text: str) -> list[str]:
+    """Keys of ``schema`` the rendered ``text`` neither sets nor shows as unset."""
+    missing = _schema_keys(schema, tomllib.loads(text), "")
+    return [key for key in missing if f"# {key.rsplit('.', 1)[-1]} =  (not set)" not in text]
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    status = cli.main(argv)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_init_edge_writes_a_complete_config_the_daemon_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = run(
+        [
+            "init", "edge", "--out", str(tmp_path), "--id", "tokyo-1",
+            "--origin", "origin.example.com:7443", "--origin", "origin-london.example.com:7443",
+            "--name", "app.example.com", "--name", "www.example.com",
+            "--nlb-cidr", "10.20.0.0/16",
+        ],
+        capsys,
+    )  # fmt: skip
+    assert status == 0, err
+    config = load_config(tmp_path / "edge.toml", EdgeConfig)
+    assert config.edge.id == "tokyo-1"
+    assert [o.tunnel.address for o in config.origins] == [
+        "origin.example.com:7443",
+        "origin-london.example.com:7443",
+    ]
+    assert [o.name for o in config.origins] == ["origin", "origin-london"]
+    assert config.origins[0].weight > config.origins[1].weight
+    assert config.origins[0].tunnel.cert == Path("/etc/geoedge/pki/edge-tokyo-1.pem")
+    [listener] = config.listeners
+    assert listener.proxy_protocol and str(listener.trusted_proxies[0]) == "10.20.0.0/16"
+    assert config.tls.certificates[0].names == ("app.example.com", "www.example.com")
+    text = (tmp_path / "edge.toml").read_text()
+    # Every key written out, each documented field with its docstring above it.
+    assert missing_keys(EdgeConfig, text) == []
+    for doc in field_docs(typing.get_type_hints(EdgeConfig)["edge"]).values():
+        assert f"# {doc.splitlines()[0]}" in text
+    assert stat.S_IMODE((tmp_path / "edge.toml").stat().st_mode) == 0o640
+    # The unit and the sysctl file are the shipped ones.
+    unit = DEPLOY / "systemd" / "geoedge-edge.service"
+    assert (tmp_path / unit.name).read_text() == unit.read_text()
+    sysctl = DEPLOY / "sysctl" / "99-geoedge.conf"
+    assert (tmp_path / sysctl.name).read_text() == sysctl.read_text()
+    # Where each goes is printed, in order, ending with the check and the start.
+    assert (
+        f"install -D -o root -g geoedge -m 0640 {tmp_path}/edge.toml /etc/geoedge/edge.toml" in out
+    )
+    steps = [line.strip() for line in out.splitlines()]
+    assert steps.index("sysctl --system") < steps.index(
+        "geoedge-edge --config /etc/geoedge/edge.toml --check"
+    )
+
+
+def _user_data(path: Path) -> dict:
+    text = path.read_text()
+    assert text.startswith("#cloud-config\n")
+    assert len(gzip.compress(text.encode(), 9)) < USER_DATA_LIMIT_BYTES
+    return yaml.safe_load(text)
+
+
+def test_init_edge_cloud_init_carries_the_same_config_and_wheel(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wheel = "https://artifacts.example.net/geoedge-0.1.0-py3-none-any.whl"
+    status, _, err = run(
+        ["init", "edge", "--out", str(tmp_path), "--id", "osaka-2", "--wheel-url", wheel], capsys
+    )
+    assert status == 0, err
+    data = _user_data(tmp_path / "cloud-init.yaml")
+    files = {entry["path"]: entry for entry in data["write_files"]}
+    assert files["/etc/geoedge/edge.toml"]["content"] == (tmp_path / "edge.toml").read_text()
+    assert files["/etc/geoedge/install.env"]["content"] == f"GEOEDGE_WHEEL_URL={wheel}\n"
+    # The certificate placeholders follow the id.
+    assert "/etc/geoedge/pki/edge-osaka-2-key.pem" in files
+    assert "tokyo-1" not in (tmp_path / "cloud-init.yaml").read_text()
+    shipped = yaml.safe_load((DEPLOY / "cloud-init" / "edge.yaml").read_text())
+    assert data["runcmd"] == [
+        [part.replace("tokyo-1", "osaka-2") for part in c] if isinstance(c, list) else c
+        for c in shipped["runcmd"]
+    ]
+
+
+def test_init_origin_admits_the_edges_and_balances_the_sample_backends(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["init", "origin", "--out", str(tmp_path), "--id", "dublin-1"]
+    status, _, err = run([*argv, "--edge", "tokyo-1", "--edge", "virginia-1"], capsys)
+    assert status == 0, err
+    config = load_config(tmp_path / "origin.toml", OriginConfig)
+    assert config.origin.id == "dublin-1"
+    assert config.tunnel_listener.allowed_identities == ("tokyo-1", "virginia-1")
+    [pool] = config.pools
+    assert pool.default and pool.health is not None
+    ports = [int(b.address.rsplit(":", 1)[1]) for b in pool.backends]
+    assert ports == list(host_init.NODE_PORTS)
+    assert missing_keys(OriginConfig, (tmp_path / "origin.toml").read_text()) == []
+    # The node template comes along, and the cloud-init starts one per port.
+    template = DEPLOY / "systemd" / "geoedge-node@.service"
+    assert (tmp_path / template.name).read_text() == template.read_text()
+    data = _user_data(tmp_path / "cloud-init.yaml")
+    enable = next(c for c in data["runcmd"] if "geoedge-node@3001.service" in c)
+    assert [int(x) for x in re.findall(r"@(\d+)\.", " ".join(enable))] == ports
+    files = {entry["path"]: entry for entry in data["write_files"]}
+    assert files["/etc/geoedge/origin.toml"]["content"] == (tmp_path / "origin.toml").read_text()
+
+
+def test_init_node_writes_the_template_and_the_app_without_modules(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = run(["init", "node", "--out", str(tmp_path)], capsys)
+    assert status == 0, err
+    app = sorted(p.name for p in (tmp_path / "node-app").iterdir())
+    assert app == sorted(
+        ["server.js", "proxy.js", "package.json", "package-lock.json", "README.md"]
+    )
+    for name in app:
+        assert (tmp_path / "node-app" / name).read_bytes() == (
+            DEPLOY / "node-app" / name
+        ).read_bytes()
+    service = parse_unit((tmp_path / "geoedge-node@.service").read_text())["Service"]
+    assert service["WorkingDirectory"] == ["/opt/geoedge/node-app"]
+    assert "cd /opt/geoedge/node-app && npm ci --omit=dev" in out
+
+
+def test_init_with_another_etc_dir_keeps_the_files_consistent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    etc = tmp_path / "etc-geoedge"
+    status, _, err = run(
+        ["init", "edge", "--out", str(tmp_path / "out"), "--etc", str(etc)], capsys
+    )
+    assert status == 0, err
+    out = tmp_path / "out"
+    config = load_config(out / "edge.toml", EdgeConfig)
+    assert config.origins[0].tunnel.ca == etc / "pki" / "ca.pem"
+    [exec_start] = parse_unit((out / "geoedge-edge.service").read_text())["Service"]["ExecStart"]
+    assert exec_start.endswith(f"--config {etc}/edge.toml")
+    files = {e["path"]: e for e in _user_data(out / "cloud-init.yaml")["write_files"]}
+    assert f"{etc}/edge.toml" in files and f"{etc}/pki/ca.pem" in files
+
+
+def test_init_refuses_to_overwrite_and_bad_choices_say_which(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(["init", "edge", "--out", str(tmp_path)], capsys)[0] == 0
+    before = (tmp_path / "edge.toml").read_text()
+    status, _, err = run(["init", "edge", "--out", str(tmp_path), "--id", "other"], capsys)
+    assert status == 1
+    assert f"would overwrite {tmp_path}/edge.toml" in err and "--force" in err
+    assert (tmp_path / "edge.toml").read_text() == before
+    assert run(["init", "edge", "--out", str(tmp_path), "--force", "--id", "x"], capsys)[0] == 0
+    assert 'id = "x"' in (tmp_path / "edge.toml").read_text()
+
+    status, _, err = run(["init", "edge", "--out", str(tmp_path / "b"), "--origin", "nope"], capsys)
+    assert status == 1 and "--origin: 'nope': expected host:port" in err
+    status, _, err = run(
+        ["init", "edge", "--out", str(tmp_path / "c"), "--nlb-cidr", "10.0.0.1/8"], capsys
+    )
+    assert status == 1 and "trusted_proxies" in err and "Traceback" not in err
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize(("role", "schema"), [("edge", EdgeConfig), ("origin", OriginConfig)])
+def test_config_defaults_prints_every_key_of_the_schema(
+    role: str, schema: type, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, _ = run(["config", "--defaults", role], capsys)
+    assert status == 0
+    # Uncommenting nothing, it is valid TOML; its values are the schema's defaults.
+    data = tomllib.loads(out)
+    for name, f in schema.__dataclass_fields__.items():
+        assert re.search(rf"^(# )?(\[+)?{name}\b", out, flags=re.MULTILINE), name
+        if name in data and not isinstance(data[name], dict | list):
+            assert data[name] == f.default
+    assert f"Every key of {role}.toml" in out
+
+
+def test_config_defaults_of_a_section_load_back_equal() -> None:
+    """The rendered defaults are the loader's defaults: what ``config --defaults``
+    shows for [http] is exactly what an empty [http] table gives."""
+    from edge.config import HttpConfig
+
+    text = host_init.defaults_toml("edge")
+    section = "[http]\n" + text.split("\n[http]\n", 1)[1].split("\n[tunnel]\n", 1)[0]
+    parsed = tomllib.loads(section)["http"]
+    assert config_from_mapping(parsed, HttpConfig) == HttpConfig()
