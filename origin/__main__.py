@@ -45,7 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--user", help="with --check (as root): check as this user, e.g. the service's"
     )
-    parser.add_argument("--check", action="store_true", help="validate the config file and exit")
     add_version_option(parser)
     return parser
 

@@ -483,7 +483,7 @@ def test_metadata_item_layouts() -> None:
     assert StreamMetadata(alpn="h2", tls_resumed=False).encode() == bytes.fromhex(
         "04 0002 6832 0a 0001 00"
     )
-    assert [k.value for k in MetaKey] == list(range(1, 11))
+    assert [k.value for k in MetaKey] == list(range(1, 13))
 
 
 def test_unknown_metadata_keys_are_kept_and_passed_on() -> None:

@@ -35,6 +35,8 @@ class MetaKey(enum.IntEnum):
     HOST = 0x08
     REQUEST_ID = 0x09
     TLS_RESUMED = 0x0A
+    METHOD = 0x0B
+    TARGET = 0x0C
 
 
 _TEXT_FIELDS: tuple[tuple[MetaKey, str], ...] = (
@@ -45,6 +47,8 @@ _TEXT_FIELDS: tuple[tuple[MetaKey, str], ...] = (
     (MetaKey.EDGE_ID, "edge_id"),
     (MetaKey.HOST, "host"),
     (MetaKey.REQUEST_ID, "request_id"),
+    (MetaKey.METHOD, "method"),
+    (MetaKey.TARGET, "target"),
 )
 _TEXT_BY_KEY = {int(k): name for k, name in _TEXT_FIELDS}
 _KNOWN_KEYS = frozenset(int(k) for k in MetaKey)
@@ -64,21 +68,27 @@ class StreamMetadata:
     host: str | None = None
     request_id: str | None = None
     tls_resumed: bool | None = None
+    method: str | None = None
+    target: str | None = None
     extra: dict[int, bytes] = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        """The TLV encoding of every field that is set."""
-        out = bytearray()
+        """The TLV encoding of every field that is set, in key order."""
+        items: list[tuple[int, bytes]] = []
         if self.client_address is not None:
-            _put(out, MetaKey.CLIENT_ADDRESS, _encode_address(self.client_address))
+            items.append((MetaKey.CLIENT_ADDRESS, _encode_address(self.client_address)))
         if self.server_address is not None:
-            _put(out, MetaKey.SERVER_ADDRESS, _encode_address(self.server_address))
+            items.append((MetaKey.SERVER_ADDRESS, _encode_address(self.server_address)))
         for key, name in _TEXT_FIELDS:
             value = getattr(self, name)
             if value is not None:
-                _put(out, key, value.encode("utf-8"))
+                items.append((key, value.encode("utf-8", "surrogateescape")))
         if self.tls_resumed is not None:
-            _put(out, MetaKey.TLS_RESUMED, b"\x01" if self.tls_resumed else b"\x00")
+            items.append((MetaKey.TLS_RESUMED, b"\x01" if self.tls_resumed else b"\x00"))
+        items.sort(key=lambda item: item[0])
+        out = bytearray()
+        for key, raw in items:
+            _put(out, key, raw)
         for key, raw in self.extra.items():
             if not 0 <= key <= 0xFF or key in _KNOWN_KEYS:
                 raise MetadataError(f"extra metadata key {key:#x} is not an unregistered octet")
@@ -122,16 +132,26 @@ class StreamMetadata:
         return cls(**values, extra=extra)  # type: ignore[arg-type]
 
 
-def encode_request_fields(host: str | None, request_id: str | None) -> bytes:
-    """TLV items of the per-request fields (Host, request id), to append to a
-    connection's metadata encoded once (:meth:`StreamMetadata.encode`): a client
-    connection may open several streams, and re-encoding its addresses and TLS
-    facts for each was measurable per connection at the edge."""
+def encode_request_fields(
+    host: str | None,
+    request_id: str | None,
+    method: str | None = None,
+    target: str | None = None,
+) -> bytes:
+    """TLV items of the per-request fields (Host, request id, method, target), to
+    append to a connection's metadata encoded once (:meth:`StreamMetadata.encode`):
+    a client connection opens a stream per request (PROTOCOL.md §6.7), and
+    re-encoding its addresses and TLS facts for each was measurable at the edge.
+    Items come out in key order, as :meth:`StreamMetadata.encode` writes them."""
     out = bytearray()
     if host is not None:
         _put(out, MetaKey.HOST, host.encode("utf-8"))
     if request_id is not None:
         _put(out, MetaKey.REQUEST_ID, request_id.encode("utf-8"))
+    if method is not None:
+        _put(out, MetaKey.METHOD, method.encode("utf-8"))
+    if target is not None:
+        _put(out, MetaKey.TARGET, target.encode("utf-8", "surrogateescape"))
     return bytes(out)
 
 
