@@ -203,9 +203,10 @@ class LimitsConfig:
     max_connections: int = 10_000
     """Client connections one worker holds; past it new ones are closed right
     after accept(), before any TLS handshake."""
-    max_connections_per_client_ip: int = 256
+    max_connections_per_client_ip: int = 1024
     """Client connections from one address (after PROXY protocol) one worker
-    holds; past it new ones are closed at once."""
+    holds; past it new ones are closed at once. Generous by default: carrier
+    and office NAT put many users behind one address."""
     requests_per_s_per_client_ip: float = 0.0
     """Sustained requests a second from one address (token bucket); more get
     429 and a close. 0 turns the limit off."""

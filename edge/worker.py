@@ -4,6 +4,9 @@ Workers share nothing but the listening sockets and the TLS contexts (made
 before the fork, so session tickets resume across workers); each keeps its own
 tunnel pools (DESIGN.md principle 9). Timeouts are enforced by one sweep a
 second over the open connections instead of a timer per connection.
+
+The worker is the services object its client connections and their exchanges
+get (:class:`edge.services.EdgeServices`): they call it, never import it.
 """
 
 from __future__ import annotations
@@ -20,16 +23,16 @@ from collections.abc import Callable
 from edge import metrics
 from edge.admission import ConnectionAdmission, RequestRate
 from edge.config import EdgeConfig, ListenerConfig
-from edge.deadlines import Deadlines, Phase, expired
+from edge.deadlines import Deadlines
+from edge.exchange import RequestRecord
+from edge.front_h1 import Http1Connection
 from edge.http1 import HttpLimits
 from edge.listener import is_trusted, serve_proxy_listener
 from edge.origins import OriginSet
-from edge.proxy import ClientConnection
+from edge.services import ClientConnection
 from edge.tls import CertificateStore
 from edge.tls_transport import TlsListener
-from edge.upstream import PendingRequest
 from tunnel.aio.stream import TunnelStream
-from tunnel.mux import StreamMetadata
 from tunnel.runtime.logs import AccessLog, LogThrottle
 
 log = logging.getLogger("geoedge.edge")
@@ -47,7 +50,19 @@ class EdgeWorker:
     ) -> None:
         self.config = config
         self.edge_id = config.edge.id
-        self.http_limits: HttpLimits = config.http.limits
+        http = config.http
+        self.http = http
+        self.http_limits: HttpLimits = http.limits
+        self.tunnel_wait_s = http.tunnel_wait_s
+        self.redirect = config.redirect
+        self.deadlines = Deadlines(
+            header_s=http.header_timeout_s,
+            keepalive_s=http.keepalive_timeout_s,
+            body_s=http.body_timeout_s,
+            response_s=http.response_timeout_s,
+            tunnel_idle_s=http.websocket_idle_timeout_s,
+            long_poll_prefixes=http.long_poll_prefixes,
+        )
         self.certificates = certificates
         hsts = config.tls.hsts_value()
         #: The Strict-Transport-Security field line of every HTTPS response, if on.
@@ -69,7 +84,6 @@ class EdgeWorker:
             limits.max_connections, limits.max_connections_per_client_ip
         )
         self.request_rate = RequestRate(limits.requests_per_s_per_client_ip, limits.request_burst)
-        self._stream_origin: dict[int, str] = {}
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -80,9 +94,7 @@ class EdgeWorker:
         for listener, sock in self._sockets:
             if listener is None:  # the plain-HTTP redirect listener
                 server = await loop.create_server(
-                    lambda r=self.config.redirect: ClientConnection(
-                        self, trusted=False, scheme="http", redirect=r
-                    ),
+                    lambda: Http1Connection(self, trusted=False, scheme="http", redirect=True),
                     sock=sock,
                 )
                 self._servers.append(server)
@@ -116,12 +128,13 @@ class EdgeWorker:
                 )
         self._tasks.append(asyncio.create_task(self._sweep()))
 
-    def _factory(self, listener: ListenerConfig) -> Callable[[], ClientConnection]:
+    def _factory(self, listener: ListenerConfig) -> Callable[[], Http1Connection]:
+        """Client connections of a TLS listener (HTTP/1.1, or HTTP/2 by ALPN)."""
         networks = listener.http_proxies
         if not networks:  # nobody is trusted: skip the per-connection address check
-            return lambda: ClientConnection(self, trusted=False)
+            return lambda: Http1Connection(self, trusted=False)
 
-        def factory() -> ClientConnection:
+        def factory() -> Http1Connection:
             return _TrustCheckingConnection(self, networks)
 
         return factory
@@ -141,13 +154,13 @@ class EdgeWorker:
 
     def _proxied_factory(
         self, listener: ListenerConfig
-    ) -> Callable[[tuple[str, int]], ClientConnection]:
+    ) -> Callable[[tuple[str, int]], Http1Connection]:
         """Connections of a PROXY listener: the client is the header's source."""
         networks = listener.http_proxies
 
-        def factory(client: tuple[str, int]) -> ClientConnection:
+        def factory(client: tuple[str, int]) -> Http1Connection:
             trusted = bool(networks) and is_trusted(client[0], networks)
-            return ClientConnection(self, trusted=trusted, client_address=client)
+            return Http1Connection(self, trusted=trusted, client_address=client)
 
         return factory
 
@@ -165,13 +178,12 @@ class EdgeWorker:
         for task in self._tasks:
             task.cancel()
         for connection in list(self.connections):
-            if connection.phase in (Phase.IDLE, Phase.HEAD):
-                connection.close_idle("draining")
+            connection.drain()
         deadline = time.monotonic() + self.config.edge.drain_timeout_s
         while self.connections and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         for connection in list(self.connections):
-            connection.close_idle("drain timeout")
+            connection.close_now("drain timeout")
         await self.origins.close(drain_timeout_s=1.0)
         self.tally.publish()
         if self.access_log is not None:
@@ -184,15 +196,6 @@ class EdgeWorker:
             log.error("certificate reload failed, keeping the old ones: %s", exc)
 
     async def _sweep(self) -> None:
-        http = self.config.http
-        deadlines = Deadlines(
-            header_s=http.header_timeout_s,
-            keepalive_s=http.keepalive_timeout_s,
-            body_s=http.body_timeout_s,
-            response_s=http.response_timeout_s,
-            tunnel_idle_s=http.websocket_idle_timeout_s,
-            long_poll_prefixes=http.long_poll_prefixes,
-        )
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             self.tally.publish()
@@ -200,9 +203,7 @@ class EdgeWorker:
                 self.access_log.flush()
             now = time.monotonic()
             for connection in list(self.connections):
-                missed = expired(connection, deadlines, now)
-                if missed is not None:
-                    connection.time_out(missed)
+                connection.sweep(now)
             self._export_tunnel_metrics()
 
     def _export_tunnel_metrics(self) -> None:
@@ -213,41 +214,41 @@ class EdgeWorker:
             if stats.srtt_s is not None:
                 metrics.TUNNEL_RTT.labels(stats.name).set(stats.srtt_s)
 
-    # -- used by ClientConnection -----------------------------------------------------
+    # -- edge.services.EdgeServices ------------------------------------------------------
 
     def new_request_id(self) -> str:
         return f"{self._id_prefix}{next(self._id_counter):08x}"
 
     def open_stream(
-        self, metadata: StreamMetadata | bytes, factory: Callable[[], asyncio.BaseProtocol]
-    ) -> TunnelStream:
-        origin, stream = self.origins.open_stream(metadata, factory)
-        protocol = stream.get_protocol()
-        protocol.origin = origin  # type: ignore[attr-defined]
-        return stream
+        self, metadata: bytes, factory: Callable[[], asyncio.BaseProtocol]
+    ) -> tuple[str, TunnelStream]:
+        return self.origins.open_stream(metadata, factory)
 
-    def connection_opened(self, connection: ClientConnection) -> None:
+    def connection_opened(
+        self, connection: ClientConnection, tls_version: str | None, resumed: bool
+    ) -> None:
         self.connections.add(connection)
         tally = self.tally
-        metadata = connection.metadata
-        if metadata is not None and metadata.tls_version is not None:
+        if tls_version is not None:
             tally.add(metrics.CONNECTIONS, "https")
-            resumed = "yes" if metadata.tls_resumed else "no"
-            tally.add(metrics.HANDSHAKES, (metadata.tls_version, resumed))
+            tally.add(metrics.HANDSHAKES, (tls_version, "yes" if resumed else "no"))
         else:
             tally.add(metrics.CONNECTIONS, "http")
 
     def connection_closed(self, connection: ClientConnection) -> None:
         self.connections.discard(connection)
 
-    def wait_for_tunnel(self, connection: ClientConnection) -> bool:
-        return self.origins.wait_for_tunnel(connection)
+    def wait_for_tunnel(self, waiter: object) -> bool:
+        return self.origins.wait_for_tunnel(waiter)  # type: ignore[arg-type]
 
-    def stop_waiting_for_tunnel(self, connection: ClientConnection) -> None:
-        self.origins.stop_waiting(connection)
+    def stop_waiting_for_tunnel(self, waiter: object) -> None:
+        self.origins.stop_waiting(waiter)  # type: ignore[arg-type]
 
     def count_error(self, reason: str) -> None:
         self.tally.add(metrics.ERRORS, reason)
+
+    def warn(self, message: str, *args: object) -> None:
+        throttled.warning(message, *args)
 
     def log_refused(self, peer: object, reason: str, outcome: str) -> None:
         """A connection that ended before any request, for a reason: one line."""
@@ -262,42 +263,41 @@ class EdgeWorker:
                 outcome=outcome, reason=reason,
             )  # fmt: skip
 
-    def log_request(self, connection: ClientConnection, request: PendingRequest, sent: int) -> None:
+    def log_request(self, record: RequestRecord, client_ip: str | None, sent: int) -> None:
         """One access-log line; ``sent``: octets of the response the client was sent."""
         now = time.monotonic()
-        status = request.status
+        status = record.status
         tally = self.tally
         tally.add(metrics.REQUESTS, str(status))
-        tally.add(metrics.BYTES, "in", request.bytes_in)
+        tally.add(metrics.BYTES, "in", record.bytes_in)
         tally.add(metrics.BYTES, "out", sent)
         upstream_ms = None
-        if request.first_byte:
-            upstream = request.first_byte - request.started
+        if record.first_byte:
+            upstream = record.first_byte - record.started
             tally.observe(upstream)
             upstream_ms = round(upstream * 1000, 3)
         if self.access_log is None:
             return
-        meta = connection.metadata
-        upstream_protocol = connection.upstream
         self.access_log.log(
-            client_ip=meta.client_address[0] if meta and meta.client_address else None,
-            method=request.method,
-            host=request.host,
-            path=request.path,
+            client_ip=client_ip,
+            method=record.method,
+            host=record.host,
+            path=record.path,
             status=status,
-            bytes_in=request.bytes_in,
+            bytes_in=record.bytes_in,
             bytes_out=sent,
-            duration_ms=round((now - request.started) * 1000, 3),
+            duration_ms=round((now - record.started) * 1000, 3),
             upstream_ms=upstream_ms,
-            origin=getattr(upstream_protocol, "origin", None),
-            request_id=request.request_id or None,
+            origin=record.origin,
+            request_id=record.request_id or None,
             worker=self._pid,
-            outcome=request.outcome,
-            **({"reason": request.reason} if request.reason else {}),
+            protocol=record.protocol,
+            outcome=record.outcome,
+            **({"reason": record.reason} if record.reason else {}),
         )
 
 
-class _TrustCheckingConnection(ClientConnection):
+class _TrustCheckingConnection(Http1Connection):
     """A client connection whose trust (for X-Forwarded-*) depends on its peer
     being one of the listener's ``http_proxies``."""
 

@@ -165,7 +165,8 @@ class Ports:
 
 
 def edge_toml(keys: Pki, ports: Ports) -> str:
-    """One worker, no access log (HAProxy logs nothing either), defaults otherwise."""
+    """One worker, no access log (HAProxy logs nothing either), defaults otherwise,
+    but for the per-address connection cap: every benchmark client is 127.0.0.1."""
     return f"""
 [edge]
 id = "bench-edge"
@@ -182,6 +183,10 @@ key = "{keys.server.key}"
 
 [http]
 access_log = ""
+
+[limits]
+max_connections = 100000
+max_connections_per_client_ip = 100000
 
 [admin]
 address = "127.0.0.1:{ports.edge_admin}"

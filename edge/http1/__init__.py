@@ -37,7 +37,7 @@ from edge.http1.events import (
 )
 from edge.http1.limits import ClientContext, HttpLimits
 from edge.http1.request import RequestReader
-from edge.http1.response import ResponseReader, closing_head, with_field
+from edge.http1.response import ResponseReader, closing_head, reusable_head, with_field
 from edge.http1.websocket import websocket_accept
 
 __all__ = [
@@ -67,6 +67,7 @@ __all__ = [
     "error_response",
     "https_location",
     "redirect_response",
+    "reusable_head",
     "websocket_accept",
     "with_field",
 ]

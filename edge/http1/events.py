@@ -124,6 +124,9 @@ class ResponseHeadReceived:
     keep_alive: bool
     content_length: int | None
     chunked: bool
+    close_delimited: bool = False
+    """The body runs until the backend closes: a client can only see where it
+    ends if its own connection closes there too."""
 
     @property
     def informational(self) -> bool:

@@ -27,6 +27,10 @@ request (:meth:`ResponseReader.expect` keeps them in a FIFO):
 After a response that closes the connection, further backend bytes are
 discarded (RFC 9112 §9.6). Invalid input gives :class:`ResponseInvalid`, then
 the reader is dead.
+
+``decode_chunked=True`` (the HTTP/2 front end): body events of a chunked
+response carry the payload only, without chunk framing or trailers, since
+HTTP/2 frames the body itself.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class ResponseReader:
     __slots__ = (
         "_chunked",
         "_close_after",
+        "_decode",
         "_eof",
         "_head",
         "_limits",
@@ -72,8 +77,9 @@ class ResponseReader:
         "_state",
     )
 
-    def __init__(self, limits: HttpLimits) -> None:
+    def __init__(self, limits: HttpLimits, *, decode_chunked: bool = False) -> None:
         self._limits = limits
+        self._decode = decode_chunked
         self._pending: deque[tuple[bytes, bytes | None]] = deque()
         self._state = _HEAD
         self._head = HeadParser(limits, response=True)
@@ -183,9 +189,17 @@ class ResponseReader:
     def _read_chunked(self, data: bytes, pos: int, events: list[ResponseEvent]) -> int:
         scanner = self._chunked
         assert scanner is not None
-        end = scanner.scan(data, pos, [])
-        if end > pos:
-            events.append(ResponseBodyReceived(data if end - pos == len(data) else data[pos:end]))
+        if self._decode:
+            spans: list[tuple[int, int]] = []
+            end = scanner.scan(data, pos, spans)
+            if spans:
+                view = memoryview(data)
+                events.append(ResponseBodyReceived(b"".join(view[a:b] for a, b in spans)))
+        else:
+            end = scanner.scan(data, pos, [])
+            if end > pos:
+                chunk = data if end - pos == len(data) else data[pos:end]
+                events.append(ResponseBodyReceived(chunk))
         if scanner.done:
             self._chunked = None
             self._complete(events)
@@ -246,7 +260,9 @@ class ResponseReader:
             state, keep_alive = _BODY_UNTIL_EOF, False
         else:
             state = _BODY_LENGTH if content_length else _HEAD
-        events.append(self._head_event(head, headers, keep_alive, content_length, chunked))
+        event = self._head_event(head, headers, keep_alive, content_length, chunked)
+        event.close_delimited = state == _BODY_UNTIL_EOF
+        events.append(event)
         self._close_after = not keep_alive
         if state == _HEAD:
             self._complete(events)
@@ -321,13 +337,21 @@ def closing_head(head: bytes) -> bytes:
     (:mod:`edge.http1.request_head`), so the backend's ``Connection`` and
     ``Keep-Alive`` fields speak of the backend connection, not the client's.
     """
+    return reusable_head(head)[:-2] + b"Connection: close\r\n\r\n"
+
+
+def reusable_head(head: bytes) -> bytes:
+    """``head`` (a raw final response head) without its ``Connection`` and
+    ``Keep-Alive`` fields: the backend's ``Connection: close`` speaks of the
+    backend connection; the client's may stay open (the next request takes
+    another stream, PROTOCOL.md §6.7). Only for a response framed by length
+    or chunks (``close_delimited`` false)."""
     lines = head.rstrip(b"\r\n").split(b"\n")
     kept = [lines[0].rstrip(b"\r")]
     for line in lines[1:]:
         line = line.rstrip(b"\r")
         if line.partition(b":")[0].strip().lower() not in _RESPONSE_HOP_BY_HOP:
             kept.append(line)
-    kept.append(b"Connection: close")
     return b"\r\n".join(kept) + b"\r\n\r\n"
 
 

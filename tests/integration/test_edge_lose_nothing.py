@@ -176,7 +176,7 @@ def test_a_request_waits_at_most_tunnel_wait_s_then_gets_a_503(
         started = time.monotonic()
         status, body = s.get("/ip")
         waited = time.monotonic() - started
-        assert status == 503 and b"no tunnel" in body
+        assert status == 503, body
         assert 0.9 <= waited < scaled(4)
         line = wait_access_line(s.log, "/ip")
         assert (line["status"], line["outcome"]) == (503, "no_tunnel")

@@ -1,0 +1,482 @@
+"""One request and its tunnel stream: the path the HTTP/1.1 and HTTP/2 front ends share.
+
+A front end (:mod:`edge.front_h1`, :mod:`edge.front_h2`) turns a client's
+request into a validated, rewritten HTTP/1.1 head (:mod:`edge.http1`) and
+hands it to an :class:`Exchange`, which owns everything between that head and
+the response: the tunnel stream it opens (PROTOCOL.md §6.7: a stream is one
+request), the wait for a tunnel that is coming up, the response's framing
+(:class:`edge.http1.ResponseReader`), what a fault means
+(:mod:`edge.exchange_rules`), the replay of a request that never reached a
+backend, and how the stream ends (RESET IDLE for a reusable backend
+connection, §6.5.1). The front end keeps only what is its own: the client's
+framing, ordering and flow control, and the writing of bytes.
+
+The exchange talks back through the :class:`ExchangeClient` interface; it
+calls the front end, never the reverse while a call is in progress, and
+:meth:`ExchangeClient.exchange_finished` is called exactly once, last.
+
+Backpressure: the stream above its high-water mark asks the front end to stop
+reading the client (:meth:`ExchangeClient.pause_request`); a front end whose
+client is slow calls :meth:`Exchange.pause_response`, which stops reading the
+stream, so its credit stops flowing and the origin stops sending (§7.3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from edge.exchange_rules import Fault, Step, end_code, on_fault
+from edge.http1 import (
+    BackendClosed,
+    HttpLimits,
+    RequestHeadReceived,
+    ResponseBodyReceived,
+    ResponseCompleted,
+    ResponseHeadReceived,
+    ResponseInvalid,
+    ResponseReader,
+    TunnelBytes,
+    WebSocketAccepted,
+    WebSocketRefused,
+)
+from tunnel.aio.stream import StreamResetError
+from tunnel.mux import ErrorCode
+from tunnel.mux.errors import MuxError
+from tunnel.mux.metadata import encode_request_fields
+
+if TYPE_CHECKING:
+    from tunnel.aio.stream import TunnelStream
+
+__all__ = ["Exchange", "ExchangeClient", "ExchangeServices", "RequestRecord"]
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What the access log says of one request (and what a replay needs)."""
+
+    method: str
+    path: str
+    host: str | None
+    request_id: str
+    started: float
+    protocol: str = "h1"
+    """``h1``, ``h2``; ``ws`` once a WebSocket was accepted."""
+    replay: bytes | None = None
+    """The request's whole bytes when it may be sent again (bodiless, idempotent)."""
+    keep_alive: bool = True
+    bytes_in: int = 0
+    status: int = 0
+    bytes_out: int = 0
+    """Octets of its response written to the client transport (queued)."""
+    out_start: int = -1
+    """Offset of its first response octet in the connection's output
+    (:mod:`edge.ledger`); -1 while nothing of a response went out for it."""
+    out_end: int = -1
+    first_byte: float = 0.0
+    retried: bool = False
+    outcome: str = "ok"
+    reason: str = ""
+    """Why the edge answered, refused or cut it (logs only, never the wire)."""
+    origin: str | None = None
+
+    @property
+    def answered(self) -> bool:
+        """Some of its response went to the client: an error can only be a cut."""
+        return self.out_start >= 0
+
+
+class ExchangeServices(Protocol):
+    """What an exchange needs of its worker (edge.worker.EdgeWorker)."""
+
+    http_limits: HttpLimits
+    tunnel_wait_s: float
+    draining: bool
+
+    def open_stream(
+        self, metadata: bytes, factory: object
+    ) -> tuple[str, TunnelStream]: ...  # raises ConnectionError or MuxError
+    def wait_for_tunnel(self, waiter: Exchange) -> bool: ...
+    def stop_waiting_for_tunnel(self, waiter: Exchange) -> None: ...
+    def count_error(self, reason: str) -> None: ...
+    def warn(self, message: str, *args: object) -> None: ...
+
+
+class ExchangeClient(Protocol):
+    """What a front end does for its exchanges."""
+
+    def writes_begin(self) -> None:
+        """What follows, up to :meth:`writes_end`, came from one read of the
+        stream: the front end may gather it into one write (one TLS record)."""
+
+    def writes_end(self) -> None: ...
+
+    def response_head(self, exchange: Exchange, head: ResponseHeadReceived) -> None: ...
+    def response_data(self, exchange: Exchange, data: bytes) -> None: ...
+    def response_complete(self, exchange: Exchange, close: bool) -> None: ...
+    def upgraded(self, exchange: Exchange) -> None: ...
+    def upstream_ended(self, exchange: Exchange) -> None:
+        """An upgraded stream's backend side ended (a half-close)."""
+
+    def answer(self, exchange: Exchange, status: int) -> None:
+        """Write the edge's own error response (nothing of one went out)."""
+
+    def cut(self, exchange: Exchange) -> None:
+        """End the response where the client can tell it was cut short."""
+
+    def pause_request(self, exchange: Exchange) -> None: ...
+    def resume_request(self, exchange: Exchange) -> None: ...
+    def exchange_finished(self, exchange: Exchange) -> None: ...
+
+
+class _Binding(asyncio.Protocol):
+    """The protocol of one tunnel stream of an exchange. A replay opens a new
+    stream with a new binding; events of an old one are ignored."""
+
+    __slots__ = ("exchange", "stream")
+
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+        self.stream: TunnelStream | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.stream = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.exchange._binding is self:
+            self.exchange._upstream_data(data)
+
+    def eof_received(self) -> bool:
+        if self.exchange._binding is self:
+            self.exchange._upstream_eof()
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.exchange._binding is self:
+            self.exchange._upstream_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self.exchange._binding is self:
+            self.exchange.client.pause_request(self.exchange)
+
+    def resume_writing(self) -> None:
+        if self.exchange._binding is self:
+            self.exchange.client.resume_request(self.exchange)
+
+
+class Exchange:
+    """One request between a front end and a tunnel stream; see the module docstring."""
+
+    __slots__ = (
+        "__weakref__",
+        "_binding",
+        "_connection_metadata",
+        "_head",
+        "_queued_up",
+        "_wait_timer",
+        "client",
+        "finished",
+        "reader",
+        "record",
+        "request_whole",
+        "response_done",
+        "response_paused",
+        "services",
+        "upgraded",
+        "upstream_active_at",
+        "websocket_key",
+    )
+
+    def __init__(
+        self,
+        services: ExchangeServices,
+        client: ExchangeClient,
+        head: RequestHeadReceived,
+        connection_metadata: bytes,
+        record: RequestRecord,
+        *,
+        decode_chunked: bool = False,
+    ) -> None:
+        self.services = services
+        self.client = client
+        self.record = record
+        self._head = head.head
+        self.websocket_key = head.websocket_upgrade.key if head.websocket_upgrade else None
+        self._connection_metadata = connection_metadata + encode_request_fields(
+            head.host, head.request_id, record.method, record.path
+        )
+        self.reader = ResponseReader(services.http_limits, decode_chunked=decode_chunked)
+        self.reader.expect(head.method, self.websocket_key)
+        self._binding: _Binding | None = None
+        self._queued_up: list[bytes] | None = None  # before a stream is open
+        self._wait_timer: asyncio.TimerHandle | None = None
+        self.request_whole = False
+        self.response_done = False
+        self.response_paused = False
+        self.upgraded = False
+        self.finished = False
+        self.upstream_active_at = time.monotonic()
+
+    # -- the front end's calls -------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the stream and send the head, or wait for a tunnel."""
+        if self._open():
+            return
+        services = self.services
+        if services.draining or not services.wait_for_tunnel(self):
+            self._fault(Fault.NO_TUNNEL, reason="no tunnel to any origin")
+            return
+        self._queued_up = []
+        self.client.pause_request(self)
+        self._wait_timer = asyncio.get_running_loop().call_later(
+            services.tunnel_wait_s, self._tunnel_wait_expired
+        )
+
+    def send_body(self, data: bytes) -> None:
+        """Request body octets, as they must reach the backend."""
+        self.record.bytes_in += len(data)
+        self._send_up(data)
+
+    def send_tunnel(self, data: bytes) -> None:
+        """Client octets of an upgraded connection (or held behind the handshake)."""
+        self.record.bytes_in += len(data)
+        self._send_up(data)
+
+    def request_complete(self) -> None:
+        """The request (head and body) has been received whole from the client."""
+        self.request_whole = True
+
+    def client_half_closed(self) -> None:
+        """The client closed its sending side of an upgraded connection."""
+        stream = self.stream
+        if stream is not None and self.upgraded:
+            stream.write_eof()
+
+    def cancel(self, outcome: str = "client_closed", reason: str = "") -> None:
+        """The client is gone (or the front end gives up): stop, quietly."""
+        if self.finished:
+            return
+        if self.record.outcome == "ok" and not self.upgraded:  # a WebSocket may end so
+            self.record.outcome = outcome
+            self.record.reason = reason
+        self._drop_stream()
+        self._finish()
+
+    def reject(self, status: int, reason: str) -> None:
+        """The client broke the rules mid-request: reset the stream at once (the
+        backend connection is not reused) and answer, or cut if a response started."""
+        if self.finished:
+            return
+        record = self.record
+        record.outcome, record.reason = "rejected", reason
+        self._drop_stream()
+        if record.answered:
+            self.client.cut(self)
+        else:
+            record.status = status
+            self.client.answer(self, status)
+        self._finish()
+
+    def time_out(self) -> None:
+        """The front end's response deadline passed (edge.deadlines)."""
+        self._fault(Fault.TIMEOUT, reason="response timeout")
+
+    def pause_response(self) -> None:
+        self.response_paused = True
+        stream = self.stream
+        if stream is not None:
+            stream.pause_reading()
+
+    def resume_response(self) -> None:
+        self.response_paused = False
+        self.upstream_active_at = time.monotonic()  # the wait was the client's
+        stream = self.stream
+        if stream is not None:
+            stream.resume_reading()
+
+    @property
+    def stream(self) -> TunnelStream | None:
+        binding = self._binding
+        return None if binding is None else binding.stream
+
+    @property
+    def waiting_for_tunnel(self) -> bool:
+        return self._wait_timer is not None
+
+    # -- the tunnel ------------------------------------------------------------------
+
+    def tunnel_ready(self) -> None:
+        """A tunnel connection became usable (edge.origins.OriginSet)."""
+        if self.finished or self._wait_timer is None:
+            return
+        if self._open():
+            self._stop_waiting()
+            self.client.resume_request(self)
+        elif not self.services.wait_for_tunnel(self):
+            self._fault(Fault.NO_TUNNEL, reason="no tunnel to any origin")
+
+    def _open(self) -> bool:
+        binding = _Binding(self)
+        try:
+            origin, _ = self.services.open_stream(self._connection_metadata, lambda: binding)
+        except (ConnectionError, MuxError):
+            return False
+        self._binding = binding
+        self.record.origin = origin
+        stream = binding.stream
+        assert stream is not None
+        if self.response_paused:
+            stream.pause_reading()
+        queued, self._queued_up = self._queued_up, None
+        stream.write(self._head if not queued else b"".join([self._head, *queued]))
+        return True
+
+    def _send_up(self, data: bytes) -> None:
+        if self.finished or not data:
+            return
+        if self._queued_up is not None:
+            self._queued_up.append(data)
+            return
+        stream = self.stream
+        if stream is not None:
+            stream.write(data)
+
+    def _tunnel_wait_expired(self) -> None:
+        self._wait_timer = None
+        self.services.stop_waiting_for_tunnel(self)
+        self._fault(Fault.NO_TUNNEL, reason="no tunnel to any origin")
+
+    def _stop_waiting(self) -> None:
+        if self._wait_timer is not None:
+            self._wait_timer.cancel()
+            self._wait_timer = None
+            self.services.stop_waiting_for_tunnel(self)
+
+    # -- the response ----------------------------------------------------------------
+
+    def _upstream_data(self, data: bytes) -> None:
+        self.upstream_active_at = time.monotonic()
+        client = self.client
+        client.writes_begin()
+        try:
+            for event in self.reader.feed(data):
+                if self.finished:
+                    return
+                self._on_response_event(event)
+        finally:
+            client.writes_end()
+
+    def _on_response_event(self, event: object) -> None:
+        kind = type(event)
+        client = self.client
+        if kind is ResponseBodyReceived or kind is TunnelBytes:
+            client.response_data(self, event.data)  # type: ignore[attr-defined]
+        elif kind is ResponseHeadReceived:
+            record = self.record
+            if not record.first_byte:
+                record.first_byte = time.monotonic()
+            if event.status >= 200:  # type: ignore[attr-defined]
+                record.status = event.status  # type: ignore[attr-defined]
+            client.response_head(self, event)  # type: ignore[arg-type]
+        elif kind is ResponseCompleted:
+            self.response_done = True
+            client.response_complete(self, event.close_after)  # type: ignore[attr-defined]
+            self._end_stream()
+        elif kind is WebSocketAccepted:
+            self.upgraded = True
+            self.record.protocol = "ws"
+            client.upgraded(self)
+        elif kind is WebSocketRefused:
+            self._fault(Fault.INVALID, reason="backend answered the upgrade with a bad handshake")
+        elif kind is ResponseInvalid:
+            self._fault(Fault.INVALID, reason=f"invalid response: {event.reason}")  # type: ignore[attr-defined]
+        elif kind is BackendClosed and (event.before_response or event.mid_response):  # type: ignore[attr-defined]
+            self._fault(Fault.BACKEND_CLOSED, reason="backend closed its connection")
+
+    def _upstream_eof(self) -> None:
+        if self.upgraded:
+            self.client.upstream_ended(self)
+            return
+        for event in self.reader.feed_eof():
+            if self.finished:
+                return
+            self._on_response_event(event)
+
+    def _upstream_lost(self, exc: Exception | None) -> None:
+        if self.finished:
+            return
+        self._binding = None
+        if exc is None:  # ended both ways: an upgraded stream, or a close-delimited body
+            if not self.response_done and not self.upgraded:
+                self._fault(Fault.BACKEND_CLOSED, reason="stream ended without a response")
+                return
+            self._finish()
+            return
+        code = exc.code if isinstance(exc, StreamResetError) else ErrorCode.INTERNAL_ERROR
+        self._fault(Fault.RESET, code=code, reason=f"stream reset: {ErrorCode.name_of(code)}")
+
+    # -- endings -----------------------------------------------------------------------
+
+    def _fault(self, fault: Fault, *, code: int | None = None, reason: str) -> None:
+        record = self.record
+        replayable = record.replay is not None and not record.retried
+        action = on_fault(fault, code=code, answered=record.answered, replayable=replayable)
+        if action.step is Step.REPLAY and self._replay():
+            return
+        self.services.count_error(action.outcome)
+        self.services.warn("%s for %s %s: %s", action.outcome, record.method, record.path, reason)
+        record.outcome, record.reason = action.outcome, reason
+        self._drop_stream()
+        if action.step is Step.CLOSE:
+            self.client.cut(self)
+        else:
+            record.status = action.status
+            self.client.answer(self, action.status)
+        self._finish()
+
+    def _replay(self) -> bool:
+        """Send the request again on a fresh stream (nothing of it was answered)."""
+        record = self.record
+        self._drop_stream()
+        record.retried = True
+        self._head = record.replay  # type: ignore[assignment]
+        self.reader = ResponseReader(self.services.http_limits, decode_chunked=self.reader._decode)
+        method = record.method.encode("latin-1")
+        self.reader.expect(method, self.websocket_key)
+        if not self._open():
+            return False
+        self.services.count_error("replayed")
+        return True
+
+    def _end_stream(self) -> None:
+        """The response is complete: end the stream so the origin may reuse the
+        backend connection when it can (exchange_rules.end_code)."""
+        binding, self._binding = self._binding, None
+        stream = None if binding is None else binding.stream
+        if stream is not None:
+            stream.abort(
+                end_code(
+                    request_whole=self.request_whole,
+                    at_boundary=self.reader.at_boundary,
+                    queued_up=stream.get_write_buffer_size(),
+                )
+            )
+        self._finish()
+
+    def _drop_stream(self) -> None:
+        self._stop_waiting()
+        self._queued_up = None
+        binding, self._binding = self._binding, None
+        stream = None if binding is None else binding.stream
+        if stream is not None:
+            stream.abort(ErrorCode.CANCEL)
+
+    def _finish(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self._stop_waiting()
+        self.client.exchange_finished(self)

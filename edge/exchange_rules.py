@@ -1,0 +1,93 @@
+"""What an exchange does when its stream fails, and how a stream ends: pure decisions.
+
+An exchange is one request and its tunnel stream (:mod:`edge.exchange`). When
+the stream breaks, the honest answer depends only on a few facts, so the
+choice is a function of them (STYLE.md §11), tested without sockets:
+
+=====================================  ==================  ==================
+fault                                  nothing sent yet    response started
+=====================================  ==================  ==================
+RESET NO_BACKEND (origin: no backend)  503 ``no_backend``  close
+RESET TIMEOUT (origin's deadline)      504                 close
+other RESET (origin or tunnel died)    replay, else 502    close
+backend closed before any byte         replay, else 502    (n/a)
+backend closed mid-response            (n/a)               close
+invalid response, bad 101              502                 close
+edge's response deadline               504                 close
+no tunnel within ``tunnel_wait_s``     503 ``no_tunnel``   (n/a)
+=====================================  ==================  ==================
+
+"Replay" means: the request is bodiless and idempotent (RFC 9110 §9.2.2),
+was not replayed before, and the fault says the origin failed rather than
+decided (NO_BACKEND and TIMEOUT are decisions: replaying a request to a hung
+backend would hang a second one). "Close" means the client sees a cut it can
+tell from an end (HTTP/1.1: the connection is closed without close_notify;
+HTTP/2: RST_STREAM). The outcome names go to the access log.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from tunnel.mux import ErrorCode
+
+
+class Fault(enum.Enum):
+    RESET = "upstream_reset"
+    BACKEND_CLOSED = "upstream_closed"
+    INVALID = "upstream_invalid"
+    TIMEOUT = "upstream_timeout"
+    NO_TUNNEL = "no_tunnel"
+
+
+class Step(enum.Enum):
+    REPLAY = "replay"
+    ANSWER = "answer"
+    """Write an error response with ``status`` (nothing of a response went out)."""
+    CLOSE = "close"
+    """Cut the response short where the client can tell."""
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    step: Step
+    status: int
+    outcome: str
+
+
+def on_fault(
+    fault: Fault,
+    *,
+    code: int | None = None,
+    answered: bool,
+    replayable: bool,
+) -> Action:
+    """The action for ``fault`` (``code``: the RESET's error code).
+
+    ``answered``: some of the response already went to the client.
+    ``replayable``: bodiless, idempotent, not replayed before."""
+    outcome = fault.value
+    status = 502
+    if fault is Fault.RESET and code == ErrorCode.NO_BACKEND:
+        outcome, status = "no_backend", 503
+    elif (fault is Fault.RESET and code == ErrorCode.TIMEOUT) or fault is Fault.TIMEOUT:
+        outcome, status = Fault.TIMEOUT.value, 504
+    elif fault is Fault.NO_TUNNEL:
+        status = 503
+    if answered:
+        return Action(Step.CLOSE, status, outcome)
+    decided = outcome in ("no_backend", Fault.TIMEOUT.value, Fault.INVALID.value, "no_tunnel")
+    if replayable and not decided:
+        return Action(Step.REPLAY, status, outcome)
+    return Action(Step.ANSWER, status, outcome)
+
+
+def end_code(*, request_whole: bool, at_boundary: bool, queued_up: int) -> int:
+    """How a finished request stream ends (PROTOCOL.md §6.5.1, §6.7): IDLE when
+    the backend connection can serve another request — the request went up
+    whole and nothing of it is still queued, the response was complete and
+    kept the connection alive, no further byte arrived — else CANCEL."""
+    if request_whole and at_boundary and queued_up == 0:
+        return ErrorCode.IDLE
+    return ErrorCode.CANCEL

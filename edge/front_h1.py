@@ -1,0 +1,497 @@
+"""The HTTP/1.1 front end: one client connection, its requests one exchange each.
+
+An ``asyncio.Protocol`` on the client's (TLS) transport. The sans-I/O reader
+(:class:`edge.http1.RequestReader`) validates and rewrites each request; each
+request becomes an :class:`edge.exchange.Exchange` with its own tunnel stream
+(PROTOCOL.md §6.7). What is left here is HTTP/1.1's own business:
+
+- **Order.** One exchange at a time. A request the client pipelines behind
+  one in progress is held, with reading paused, until the response before it
+  is complete, so responses keep their order and nothing is buffered beyond
+  one read (as nginx does).
+- **The client's framing.** Response heads are forwarded as the backend wrote
+  them, except: ``Connection: close`` when the client asked to close (its
+  request went up keep-alive), the backend's ``Connection`` fields dropped
+  when only the backend connection closes and the response is framed by
+  length or chunks (the client's stays open: the next request takes another
+  stream), and the edge's own fields (HSTS).
+- **Closing.** After a request that asked to close, a close-delimited
+  response, a response that came before the whole request (the rest of the
+  body is unread), the edge's own error answers, and on drain.
+- **Deadlines** (:mod:`edge.deadlines`): this connection keeps the timestamps;
+  the worker's sweep decides.
+- **The access log** counts what the client was sent (:mod:`edge.ledger`).
+
+A connection whose TLS handshake chose ``h2`` hands itself over to
+:class:`edge.front_h2.Http2Connection` in :meth:`connection_made`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from edge.deadlines import Missed, Phase, expired
+from edge.exchange import Exchange, RequestRecord
+from edge.http1 import (
+    ClientClosed,
+    ClientContext,
+    RequestBodyReceived,
+    RequestCompleted,
+    RequestHeadReceived,
+    RequestReader,
+    RequestRejected,
+    ResponseHeadReceived,
+    TunnelBytes,
+    closing_head,
+    error_response,
+    https_location,
+    redirect_response,
+    reusable_head,
+    with_field,
+)
+from edge.ledger import OutputLedger
+from edge.services import EdgeServices
+from edge.stream_metadata import connection_metadata, peer_address
+from tunnel.runtime.logs import LogThrottle
+
+__all__ = ["Http1Connection"]
+
+log = logging.getLogger("geoedge.edge")
+throttled = LogThrottle(log)
+
+# Why client reading is paused (a bit each): it resumes when no reason is left.
+_PAUSED_BY_EXCHANGE, _PAUSED_BY_HOLD = 1, 2
+
+
+class Http1Connection(asyncio.Protocol):
+    """One HTTP/1.1 client connection (after TLS and the PROXY protocol)."""
+
+    def __init__(
+        self,
+        services: EdgeServices,
+        *,
+        trusted: bool,
+        client_address: tuple[str, int] | None = None,
+        scheme: str = "https",
+        redirect: bool = False,
+    ) -> None:
+        self.services = services
+        self._trusted = trusted
+        self._client_address = client_address
+        self._scheme = scheme
+        self._redirect = redirect
+        self._hsts = services.hsts_field if scheme == "https" else None
+        self.transport: asyncio.Transport | None = None
+        self.reader: RequestReader | None = None
+        self.exchange: Exchange | None = None
+        self.client_ip = ""
+        self._metadata = b""
+        self._held: list[Any] | None = None  # events behind the exchange in progress
+        self._paused = 0
+        self._closing = False
+        self._close_after = False  # close once the exchange in progress ends
+        self._client_eof = False
+        self._batch: list[bytes] | None = None
+        self._release: Callable[[], None] | None = None
+        self.ledger = OutputLedger(self._log)
+        now = time.monotonic()
+        # The clock the deadlines read (edge.deadlines.Clock).
+        self.phase = Phase.IDLE
+        self.phase_since = now
+        self.client_active_at = now
+
+    # -- edge.deadlines.Clock ---------------------------------------------------------
+
+    @property
+    def upstream_active_at(self) -> float:
+        exchange = self.exchange
+        return exchange.upstream_active_at if exchange is not None else self.client_active_at
+
+    @property
+    def response_paused(self) -> bool:
+        exchange = self.exchange
+        return exchange is not None and exchange.response_paused
+
+    @property
+    def awaited_path(self) -> str:
+        exchange = self.exchange
+        return exchange.record.path if exchange is not None else ""
+
+    # -- asyncio.Protocol -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None and ssl_object.selected_alpn_protocol() == "h2":
+            from edge.front_h2 import Http2Connection  # only h2 connections pay for it
+
+            h2 = Http2Connection(
+                self.services, trusted=self._trusted, client_address=self._client_address
+            )
+            transport.set_protocol(h2)
+            h2.connection_made(transport)
+            return
+        self.transport = transport  # type: ignore[assignment]
+        self.ledger.attach(self.transport)  # type: ignore[arg-type]
+        services = self.services
+        peer = self._client_address or peer_address(transport.get_extra_info("peername"))
+        local = peer_address(transport.get_extra_info("sockname"))
+        self._metadata = connection_metadata(transport, peer, local, services.edge_id)
+        context = ClientContext(
+            client_ip=peer[0] if peer else "0.0.0.0",
+            client_port=peer[1] if peer else 0,
+            trusted_proxy=self._trusted,
+            scheme=self._scheme,
+            server_port=local[1] if local else 443,
+        )
+        self.client_ip = context.client_ip
+        self.reader = RequestReader(services.http_limits, context, services.new_request_id)
+        if self._redirect:  # plain HTTP: admitted here, TLS in its listener
+            self._release = services.admit(context.client_ip)
+            if self._release is None:
+                self._closing = True
+                transport.abort()
+                return
+        services.connection_opened(
+            self,
+            ssl_object.version() if ssl_object is not None else None,
+            bool(ssl_object is not None and ssl_object.session_reused),
+        )
+
+    def data_received(self, data: bytes) -> None:
+        self.client_active_at = time.monotonic()
+        self._dispatch(self.reader.feed(data))  # type: ignore[union-attr]
+        self._update_phase()
+
+    def eof_received(self) -> bool:
+        """The client closed its sending side (a TCP FIN, with or without
+        close_notify): keep ours open while a response is on its way, as HAProxy
+        does without ``abortonclose``; it closes when nothing is left to send."""
+        self._dispatch(self.reader.feed_eof())  # type: ignore[union-attr]
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+        if self.reader is None:  # refused, or handed over to HTTP/2
+            return
+        self._closing = True
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.cancel("client_closed")
+        self.ledger.settle(final=True)
+        self.services.connection_closed(self)
+
+    def pause_writing(self) -> None:
+        if self.exchange is not None:
+            self.exchange.pause_response()
+
+    def resume_writing(self) -> None:
+        if self.exchange is not None:
+            self.exchange.resume_response()
+
+    # -- client events ----------------------------------------------------------------
+
+    def _dispatch(self, events: list[Any]) -> None:
+        for index, event in enumerate(events):
+            if self._closing:
+                return
+            kind = type(event)
+            exchange = self.exchange
+            if self._held is not None or (
+                exchange is not None
+                and (
+                    kind is RequestHeadReceived
+                    or (kind is ClientClosed and not exchange.upgraded)
+                    or (kind is RequestRejected and not event.mid_request)
+                )
+            ):
+                self._hold(events[index:])  # after the exchange in progress
+                return
+            if kind is RequestBodyReceived:
+                if self.exchange is not None:  # (else answered early: the rest is dropped)
+                    self.exchange.send_body(event.data)
+            elif kind is TunnelBytes:
+                if self.exchange is not None:
+                    self.exchange.send_tunnel(event.data)
+            elif kind is RequestCompleted:
+                if self.exchange is not None:
+                    self.exchange.request_complete()
+            elif kind is RequestHeadReceived:
+                self._on_head(event)
+            elif kind is RequestRejected:
+                self._on_rejected(event)
+            elif kind is ClientClosed:
+                self._on_client_closed()
+
+    def _hold(self, events: list[Any]) -> None:
+        if self._held is None:
+            self._held = list(events)
+        else:
+            self._held.extend(events)
+        self._pause(_PAUSED_BY_HOLD)
+
+    def _resume_held(self) -> None:
+        held, self._held = self._held, None
+        if held:
+            self._dispatch(held)
+        if self._held is None:
+            self._resume(_PAUSED_BY_HOLD)
+
+    def _on_head(self, head: RequestHeadReceived) -> None:
+        services = self.services
+        if services.draining:
+            self._answer_own(503, "edge is draining", "rejected", head)
+            return
+        if not services.request_rate.allow(self.client_ip, self.client_active_at):
+            self._answer_own(429, "request rate limit", "rejected", head)
+            return
+        path = head.target.decode("latin-1")
+        redirect = services.redirect
+        if (
+            self._redirect
+            and redirect is not None
+            and not path.startswith(redirect.pass_through_prefixes)
+        ):
+            self._redirect_to_https(head, path)
+            return
+        record = RequestRecord(
+            method=head.method.decode("latin-1"),
+            path=path,
+            host=head.host,
+            request_id=head.request_id,
+            started=time.monotonic(),
+            replay=head.head if head.replayable else None,
+            keep_alive=head.keep_alive,
+        )
+        exchange = Exchange(services, self, head, self._metadata, record)
+        self.exchange = exchange
+        self._close_after = False
+        exchange.start()
+
+    def _on_rejected(self, event: RequestRejected) -> None:
+        self.services.count_error(f"http_{event.status}")
+        throttled.info(
+            "rejected request from %s: %d %s", self.client_ip, event.status, event.reason
+        )
+        if event.mid_request and self.exchange is not None:
+            self.exchange.reject(event.status, event.reason)
+        else:
+            self._answer_own(event.status, event.reason, "rejected")
+
+    def _on_client_closed(self) -> None:
+        self._client_eof = True
+        exchange = self.exchange
+        if exchange is not None and exchange.upgraded:
+            exchange.client_half_closed()  # the half-close travels through the tunnel
+        elif exchange is None:
+            self._close()
+        # else: closes when the response is written (exchange_finished)
+
+    def _redirect_to_https(self, head: RequestHeadReceived, path: str) -> None:
+        location = https_location(head.host, path, self.services.redirect.https_port)  # type: ignore[union-attr]
+        if location is None:
+            self._answer_own(400, "cannot redirect without Host and an origin-form target",
+                             "rejected", head)  # fmt: skip
+            return
+        record = self._own_record(301, "redirected to HTTPS", "redirected", head)
+        self._answer(record, redirect_response(location))
+
+    # -- edge.exchange.ExchangeClient ----------------------------------------------------
+
+    def writes_begin(self) -> None:
+        if self._batch is None:
+            self._batch = []
+
+    def writes_end(self) -> None:
+        batch, self._batch = self._batch, None
+        if batch and self.transport is not None and not self._closing:
+            self.transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
+        self.ledger.check()
+
+    def response_head(self, exchange: Exchange, head: ResponseHeadReceived) -> None:
+        data = head.head
+        if not head.informational:
+            if exchange.websocket_key is not None:  # the backend refused the upgrade
+                self._hold(self.reader.upgrade_refused())  # type: ignore[union-attr]
+            if self._hsts is not None:
+                data = with_field(data, self._hsts)
+            if not exchange.record.keep_alive:
+                data = closing_head(data)
+                self._close_after = True
+            elif not head.keep_alive:
+                if head.close_delimited:
+                    self._close_after = True  # only the close shows where it ends
+                else:
+                    data = reusable_head(data)
+        self._write_response(exchange.record, data)
+
+    def response_data(self, exchange: Exchange, data: bytes) -> None:
+        self._write_response(exchange.record, data)
+
+    def response_complete(self, exchange: Exchange, close: bool) -> None:
+        if not exchange.request_whole:
+            self._close_after = True  # the rest of the request body is unread
+
+    def upgraded(self, exchange: Exchange) -> None:
+        self.phase = Phase.TUNNEL
+        held = self.reader.upgrade_accepted()  # type: ignore[union-attr]
+        if held:
+            exchange.send_tunnel(held)
+
+    def upstream_ended(self, exchange: Exchange) -> None:
+        self._close()  # TLS has no half-close: the tunnel ends here
+
+    def answer(self, exchange: Exchange, status: int) -> None:
+        record = exchange.record
+        self._close_after = True
+        self._write_response(record, error_response(status, request_id=record.request_id or None))
+
+    def cut(self, exchange: Exchange) -> None:
+        throttled.info("closing %s: %s", self.client_ip, exchange.record.reason)
+        self._closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def pause_request(self, exchange: Exchange) -> None:
+        self._pause(_PAUSED_BY_EXCHANGE)
+
+    def resume_request(self, exchange: Exchange) -> None:
+        self._resume(_PAUSED_BY_EXCHANGE)
+
+    def exchange_finished(self, exchange: Exchange) -> None:
+        record = exchange.record
+        if record.answered:
+            record.out_end = record.out_start + record.bytes_out
+        self.ledger.done(record, flush_now=self._batch is None)
+        if exchange is not self.exchange:
+            return
+        self.exchange = None
+        self._resume(_PAUSED_BY_EXCHANGE)
+        if (
+            self.phase is Phase.TUNNEL
+            or self._close_after
+            or self._client_eof
+            or (self.services.draining and not self._held)
+        ):
+            self._close()
+        else:
+            self._resume_held()
+            self._update_phase()
+
+    # -- writing, answering, closing -------------------------------------------------
+
+    def _write_response(self, record: RequestRecord, data: bytes) -> None:
+        if record.out_start < 0:
+            record.out_start = self.ledger.queued
+        record.bytes_out += len(data)
+        self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        if self._closing:
+            return
+        self.ledger.queued += len(data)
+        if self._batch is not None:
+            self._batch.append(data)
+        elif self.transport is not None:
+            self.transport.write(data)
+
+    def _own_record(
+        self, status: int, reason: str, outcome: str, head: RequestHeadReceived | None = None
+    ) -> RequestRecord:
+        """The record of something the edge answers itself (nothing goes up)."""
+        return RequestRecord(
+            method=head.method.decode("latin-1") if head is not None else "",
+            path=head.target.decode("latin-1") if head is not None else "",
+            host=head.host if head is not None else None,
+            request_id=head.request_id if head is not None else "",
+            started=time.monotonic(),
+            status=status,
+            outcome=outcome,
+            reason=reason,
+        )
+
+    def _answer_own(
+        self, status: int, reason: str, outcome: str, head: RequestHeadReceived | None = None
+    ) -> None:
+        record = self._own_record(status, reason, outcome, head)
+        response = error_response(status, request_id=record.request_id or None)
+        self._answer(record, response if self._hsts is None else with_field(response, self._hsts))
+
+    def _answer(self, record: RequestRecord, data: bytes) -> None:
+        """Write the edge's own answer, log it once sent, and close."""
+        self._write_response(record, data)
+        record.out_end = record.out_start + record.bytes_out
+        self.ledger.done(record, flush_now=self._batch is None)
+        self._close()
+
+    def _log(self, record: RequestRecord, sent: int) -> None:
+        self.services.log_request(record, self.client_ip or None, sent)
+
+    def _pause(self, reason: int) -> None:
+        if not self._paused and self.transport is not None:
+            self.transport.pause_reading()
+        self._paused |= reason
+
+    def _resume(self, reason: int) -> None:
+        if not self._paused & reason:
+            return
+        self._paused &= ~reason
+        if not self._paused and self.transport is not None and not self._closing:
+            self.transport.resume_reading()
+
+    def _close(self) -> None:
+        if self._closing:
+            return
+        if self._batch:  # what one read produced goes out before the close
+            self.writes_end()
+        self._closing = True
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.cancel("client_closed")
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- the worker's calls (edge.services.ClientConnection) ---------------------------------
+
+    def sweep(self, now: float) -> None:
+        missed = expired(self, self.services.deadlines, now)
+        if missed is not None:
+            self._time_out(missed)
+
+    def drain(self) -> None:
+        if self.phase in (Phase.IDLE, Phase.HEAD):
+            self._close()
+
+    def close_now(self, reason: str) -> None:
+        log.debug("closing %s: %s", self.client_ip, reason)
+        self._close()
+
+    def _time_out(self, missed: Missed) -> None:
+        self.services.count_error(missed.name.lower() + "_timeout")
+        if missed is Missed.HEADER:
+            self._answer_own(408, missed.value, "rejected")
+        elif missed is Missed.BODY and self.exchange is not None:
+            self.exchange.reject(408, missed.value)
+        elif missed is Missed.RESPONSE and self.exchange is not None:
+            self.exchange.time_out()
+        else:
+            self.close_now(missed.value)
+
+    def _update_phase(self) -> None:
+        reader = self.reader
+        if self.phase is Phase.TUNNEL or reader is None:
+            return
+        if self.exchange is not None:
+            phase = Phase.SENDING if reader.in_body else Phase.WAITING
+        elif reader.in_head:
+            phase = Phase.HEAD
+        else:
+            phase = Phase.IDLE
+        if phase is not self.phase:
+            self.phase = phase
+            self.phase_since = time.monotonic()

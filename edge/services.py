@@ -1,0 +1,49 @@
+"""The narrow interface a client connection gets from its worker.
+
+The front ends (:mod:`edge.front_h1`, :mod:`edge.front_h2`) and the exchanges
+(:mod:`edge.exchange`) see the worker only through this protocol, so they do
+not import it (no import circle) and tests can hand in a small stand-in. The
+worker (:class:`edge.worker.EdgeWorker`) implements it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from edge.admission import RequestRate
+from edge.config import HttpConfig, RedirectListenerConfig
+from edge.deadlines import Deadlines
+from edge.exchange import ExchangeServices, RequestRecord
+from edge.http1 import HttpLimits
+
+__all__ = ["ClientConnection", "EdgeServices"]
+
+
+class ClientConnection(Protocol):
+    """What the worker asks of every client connection (both front ends)."""
+
+    def sweep(self, now: float) -> None:
+        """Apply the deadlines (once a second, edge.deadlines)."""
+
+    def drain(self) -> None:
+        """The edge is draining: finish what is in flight, take nothing new."""
+
+    def close_now(self, reason: str) -> None: ...
+
+
+class EdgeServices(ExchangeServices, Protocol):
+    edge_id: str
+    http: HttpConfig
+    http_limits: HttpLimits
+    request_rate: RequestRate
+    hsts_field: bytes | None
+    redirect: RedirectListenerConfig | None
+    deadlines: Deadlines
+
+    def new_request_id(self) -> str: ...
+    def admit(self, client_ip: str) -> Callable[[], None] | None: ...
+    def connection_opened(self, connection: ClientConnection, tls_version: str | None,
+                          resumed: bool) -> None: ...  # fmt: skip
+    def connection_closed(self, connection: ClientConnection) -> None: ...
+    def log_request(self, record: RequestRecord, client_ip: str | None, sent: int) -> None: ...
