@@ -174,7 +174,8 @@ def test_init_edge_config_checks_with_certificates_from_geoedge_pki(installed: I
         "geoedge-edge.service",
     ]
     check = installed.run("geoedge-edge", "--config", str(out / "edge.toml"), "--check")
-    assert (check.returncode, check.stdout.strip()) == (0, f"{out / 'edge.toml'}: ok"), check.stderr
+    assert check.returncode == 0, check.stderr
+    assert check.stdout.startswith(f"{out / 'edge.toml'}: ok"), check.stdout
     # Without the server certificate the check names the file that is missing.
     (etc / "tls" / "app-ecdsa-key.pem").unlink()
     check = installed.run("geoedge-edge", "--config", str(out / "edge.toml"), "--check")

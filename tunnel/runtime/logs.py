@@ -281,6 +281,10 @@ class AccessLog:
 
     @staticmethod
     def _open(path: str) -> int:
+        """Open for appending, creating the file and any missing directory (0750:
+        systemd's LogsDirectory= makes it, and a daemon run by hand should not
+        fail for want of it)."""
+        os.makedirs(os.path.dirname(path) or ".", mode=0o750, exist_ok=True)
         return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
 
     def log(

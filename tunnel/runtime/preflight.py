@@ -136,8 +136,10 @@ def _check_writable(path: Path) -> str | None:
             return f"{path}: the log file is not writable by {_user_name(os.geteuid())}"
         return None
     directory = path.parent
-    if not directory.is_dir():
-        return f"{path}: directory {directory} does not exist"
+    while not directory.is_dir():  # the daemon creates what is missing (AccessLog)
+        if directory.exists() or directory == directory.parent:
+            return f"{path}: {directory} is not a directory"
+        directory = directory.parent
     if not os.access(directory, os.W_OK | os.X_OK):
         return f"{path}: directory {directory} is not writable by {_user_name(os.geteuid())}"
     return None
