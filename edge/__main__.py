@@ -86,7 +86,9 @@ def preflight(path: str, *, service_gid: int | None) -> tuple[EdgeConfig, Certif
     :class:`TunnelTlsError`, each naming the file or the setting."""
     config = load_config(path, EdgeConfig)
     check_files(edge_files(config), service_gid=service_gid)
-    certificates = CertificateStore(config.tls)
+    certificates = CertificateStore(
+        config.tls, tuple(listener.alpn for listener in config.listeners)
+    )
     for origin in config.origins:
         try:
             dial_ssl_context(origin.tunnel)  # built again in each worker: same files

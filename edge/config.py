@@ -52,6 +52,9 @@ class ListenerConfig:
     """With ``proxy_protocol``: the load balancers (CIDRs) allowed to send a PROXY
     header. A connection from them must carry one; from anyone else a PROXY
     header is refused as spoofing."""
+    alpn: tuple[str, ...] = ("h2", "http/1.1")
+    """Protocols offered by ALPN, in order of preference: ``h2`` and/or
+    ``http/1.1``. A client that offers no ALPN speaks HTTP/1.1."""
     http_proxies: tuple[Network, ...] = ()
     """HTTP proxies in front (CIDRs) whose forwarding headers (X-Forwarded-For,
     Forwarded, X-Real-IP, X-Forwarded-Proto/Host/Port, X-Request-Id) are kept
@@ -62,6 +65,12 @@ class ListenerConfig:
 
     def __post_init__(self) -> None:
         parse_host_port(self.address)
+        if (
+            not self.alpn
+            or set(self.alpn) - {"h2", "http/1.1"}
+            or len(set(self.alpn)) != len(self.alpn)
+        ):
+            raise ValueError('alpn must list "h2" and/or "http/1.1", each once')
         if self.proxy_protocol and not self.trusted_proxies:
             raise ValueError("proxy_protocol needs trusted_proxies (the load balancer's CIDRs)")
         if self.trusted_proxies and not self.proxy_protocol:
@@ -182,6 +191,8 @@ class HttpConfig:
     long_poll_prefixes: tuple[str, ...] = ()
     """Request paths (prefixes) that may wait ``websocket_idle_timeout_s`` for
     their response instead: long polling."""
+    h2_max_concurrent_streams: int = 100
+    """Requests an HTTP/2 client may have open at once on one connection."""
     websocket_idle_timeout_s: float = 3600.0
     """Upgraded connections with no traffic either way are closed after this."""
     tunnel_wait_s: float = 5.0

@@ -184,6 +184,7 @@ class Exchange:
         "response_done",
         "response_paused",
         "services",
+        "tag",
         "upgraded",
         "upstream_active_at",
         "websocket_key",
@@ -218,6 +219,7 @@ class Exchange:
         self.upgraded = False
         self.finished = False
         self.upstream_active_at = time.monotonic()
+        self.tag: object = None  # the front end's (HTTP/2: its stream)
 
     # -- the front end's calls -------------------------------------------------------
 

@@ -90,10 +90,58 @@ class _Entry:
     names: tuple[str, ...]
 
 
-class CertificateStore:
-    """The edge's server contexts and the SNI choice between them."""
+class _Variant:
+    """The contexts of one ALPN list: one per set of names, and the SNI choice
+    between them (OpenSSL picks the ALPN protocol with the context the SNI
+    callback chose, so each ALPN list needs its own contexts)."""
 
-    def __init__(self, config: TlsConfig) -> None:
+    def __init__(self, entries: list[_Entry]) -> None:
+        self.entries = entries
+        self._exact: dict[str, ssl.SSLContext] = {}
+        self._wildcard: dict[str, ssl.SSLContext] = {}
+        self.index()
+        self.context = entries[0].context
+        self.context.sni_callback = self._select
+
+    def index(self) -> None:
+        self._exact.clear()
+        self._wildcard.clear()
+        for entry in self.entries:
+            for name in entry.names:
+                if name.startswith("*."):
+                    self._wildcard.setdefault(name[2:], entry.context)
+                else:
+                    self._exact.setdefault(name, entry.context)
+
+    def context_for(self, server_name: str | None) -> ssl.SSLContext:
+        if server_name:
+            name = server_name.lower().rstrip(".")
+            context = self._exact.get(name)
+            if context is not None:
+                return context
+            _, _, parent = name.partition(".")
+            context = self._wildcard.get(parent)
+            if context is not None:
+                return context
+        return self.entries[0].context
+
+    def _select(self, ssl_object: ssl.SSLObject, server_name: str | None, _: object) -> None:
+        # Python exposes the client's SNI to servers only here: keep it for metadata.
+        ssl_object.geoedge_server_name = server_name  # type: ignore[attr-defined]
+        context = self.context_for(server_name)
+        if context is not self.context:
+            ssl_object.context = context
+
+
+class CertificateStore:
+    """The edge's server contexts and the SNI choice between them, for each ALPN
+    list a listener offers (``alpn_lists``; the first is :attr:`context`'s)."""
+
+    def __init__(
+        self,
+        config: TlsConfig,
+        alpn_lists: tuple[tuple[str, ...], ...] = (("h2", "http/1.1"),),
+    ) -> None:
         self._config = config
         self._staples = StapleTable()
         self._status: openssl.StatusCallback | None = None
@@ -102,21 +150,25 @@ class CertificateStore:
                 self._status = openssl.StatusCallback(self._staples.lookup)
             except openssl.OpenSslUnavailable as exc:
                 raise TlsConfigError(f"[[tls.certificates]] ocsp_response: {exc}") from exc
-        self._entries = self._build_all(config.certificates)
+        self._variants = {
+            alpn: _Variant(self._build_all(config.certificates, alpn))
+            for alpn in dict.fromkeys(alpn_lists)
+        }
+        self._entries = next(iter(self._variants.values())).entries
         self._staples.replace(self._load_staples())
-        self._exact: dict[str, ssl.SSLContext] = {}
-        self._wildcard: dict[str, ssl.SSLContext] = {}
-        self._index()
-        self.context = self._entries[0].context
-        self.context.sni_callback = self._select
+        self.context = next(iter(self._variants.values())).context
 
-    def _new_context(self) -> ssl.SSLContext:
+    def context_for_alpn(self, alpn: tuple[str, ...]) -> ssl.SSLContext:
+        """The default context of listeners that offer ``alpn``."""
+        return self._variants[alpn].context
+
+    def _new_context(self, alpn: tuple[str, ...]) -> ssl.SSLContext:
         config = self._config
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = _VERSIONS[config.min_version]
         context.maximum_version = _VERSIONS[config.max_version]
         context.set_ciphers(config.ciphers)
-        context.set_alpn_protocols(["http/1.1"])
+        context.set_alpn_protocols(list(alpn))
         # No client-initiated renegotiation (TLS 1.2): a CPU sink for the peer,
         # and HAProxy and nginx refuse it too. A missing close_notify is an
         # ordinary end (module docstring).
@@ -142,7 +194,9 @@ class CertificateStore:
             self._status.install(context)
         return context
 
-    def _build_all(self, certificates: tuple[CertificateConfig, ...]) -> list[_Entry]:
+    def _build_all(
+        self, certificates: tuple[CertificateConfig, ...], alpn: tuple[str, ...]
+    ) -> list[_Entry]:
         """One context per set of names: certificates for the same names (an
         ECDSA and an RSA one) share a context, and OpenSSL serves whichever the
         client's signature algorithms allow."""
@@ -151,7 +205,7 @@ class CertificateStore:
             names = tuple(sorted(n.lower() for n in (cert.names or certificate_names(cert.cert))))
             entry = entries.get(names)
             if entry is None:
-                entry = entries[names] = _Entry([], self._new_context(), names)
+                entry = entries[names] = _Entry([], self._new_context(alpn), names)
             self._load(entry.context, cert)
             entry.configs.append(cert)
         if self._config.groups:
@@ -179,35 +233,9 @@ class CertificateStore:
                     raise TlsConfigError(str(exc)) from exc
         return staples
 
-    def _index(self) -> None:
-        self._exact.clear()
-        self._wildcard.clear()
-        for entry in self._entries:
-            for name in entry.names:
-                if name.startswith("*."):
-                    self._wildcard.setdefault(name[2:], entry.context)
-                else:
-                    self._exact.setdefault(name, entry.context)
-
     def context_for(self, server_name: str | None) -> ssl.SSLContext:
-        """The context serving ``server_name`` (pure lookup, used by the callback)."""
-        if server_name:
-            name = server_name.lower().rstrip(".")
-            context = self._exact.get(name)
-            if context is not None:
-                return context
-            _, _, parent = name.partition(".")
-            context = self._wildcard.get(parent)
-            if context is not None:
-                return context
-        return self._entries[0].context
-
-    def _select(self, ssl_object: ssl.SSLObject, server_name: str | None, _: object) -> None:
-        # Python exposes the client's SNI to servers only here: keep it for metadata.
-        ssl_object.geoedge_server_name = server_name  # type: ignore[attr-defined]
-        context = self.context_for(server_name)
-        if context is not self.context:
-            ssl_object.context = context
+        """The context serving ``server_name`` for the first ALPN list (pure lookup)."""
+        return next(iter(self._variants.values())).context_for(server_name)
 
     @property
     def staples(self) -> int:
@@ -225,13 +253,15 @@ class CertificateStore:
             for cert in entry.configs:
                 self._load(probe, cert)  # validate before touching the live context
         staples = self._load_staples()
-        for entry in self._entries:
-            for cert in entry.configs:
-                self._load(entry.context, cert)
+        for variant in self._variants.values():
+            for entry in variant.entries:
+                for cert in entry.configs:
+                    self._load(entry.context, cert)
         if self._status is not None:
             self._status.forget_certificates()  # before the new X509s serve anyone
         self._staples.replace(staples)
-        self._index()
+        for variant in self._variants.values():
+            variant.index()
         log.info(
             "reloaded %d certificate(s), %d OCSP response(s)",
             sum(len(e.configs) for e in self._entries),

@@ -104,7 +104,7 @@ class EdgeWorker:
                         serve_proxy_listener(
                             sock,
                             listener,
-                            self.certificates.context,
+                            self.certificates.context_for_alpn(listener.alpn),
                             tls.handshake_timeout_s,
                             self._proxied_factory(listener),
                             lambda peer, reason: self.log_refused(peer, reason, "proxy_refused"),
@@ -118,7 +118,7 @@ class EdgeWorker:
                 self._listeners.append(
                     TlsListener(
                         sock,
-                        self.certificates.context,
+                        self.certificates.context_for_alpn(listener.alpn),
                         self._factory(listener),
                         tls.handshake_timeout_s,
                         send_timeout_s=self.config.http.send_timeout_s,
