@@ -13,14 +13,14 @@ PY := $(VENV)/bin/python
 NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
 
-.PHONY: venv node test lint demo dist bench-tunnel bench-edge bench-tls-floor wan apt-base clean
+.PHONY: venv node tools test lint demo dist bench-tunnel bench-edge bench-tls-floor wan apt-base clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy), the WAN emulator (iptables, libnetfilter-queue), the
 # WireGuard test (wireguard-go, wireguard-tools) and the unit checks
 # (systemd-analyze, in systemd).
 APT_PACKAGES := haproxy wrk iptables iproute2 libnetfilter-queue-dev gcc python3-dev \
-	systemd wireguard-go wireguard-tools
+	systemd wireguard-go wireguard-tools curl nghttp2-client
 
 # Redone when this file changes (the package list may have grown); cheap when
 # everything is there already.
@@ -57,11 +57,24 @@ $(NODE_APP)/node_modules/.stamp: $(NODE_APP)/package.json | $(STAMPS)/apt-base
 venv: $(STAMPS)/py-test
 node: $(NODE_APP)/node_modules/.stamp
 
+# h2spec (HTTP/2 conformance, a Go tool) for the HTTP/2 tests, built with the
+# Go toolchain when there is one; without Go that test skips, saying why.
+TOOLS := .tools
+H2SPEC_VERSION := v2.2.1+incompatible
+$(TOOLS)/h2spec:
+	@mkdir -p $(TOOLS)
+	@if command -v go >/dev/null; then \
+	  GOBIN=$(abspath $(TOOLS)) go install github.com/summerwind/h2spec/cmd/h2spec@$(H2SPEC_VERSION) \
+	    || echo "h2spec could not be built: its test will skip"; \
+	else echo "no Go toolchain: the h2spec test will skip"; fi
+	@touch $@.tried
+tools: $(TOOLS)/h2spec
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: venv node lint
+test: venv node lint tools
 	$(VENV)/bin/pytest -q
 
 demo: venv node
@@ -87,4 +100,4 @@ wan: $(STAMPS)/py-load node
 	$(PY) -m loadtests.wan.run
 
 clean:
-	rm -rf $(VENV) $(NODE_APP)/node_modules dist
+	rm -rf $(VENV) $(NODE_APP)/node_modules $(TOOLS) dist

@@ -47,6 +47,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
+import hyperframe.frame
 
 from edge.deadlines import Deadlines
 from edge.exchange import Exchange, RequestRecord
@@ -190,6 +191,8 @@ class Http2Connection(asyncio.Protocol):
             self.services.count_error("h2_protocol_error")
             self._flush()
             self._close()
+            return
+        if self._closing:
             return
         self._batching += 1
         try:
@@ -475,8 +478,8 @@ class Http2Connection(asyncio.Protocol):
         else:
             stream.blocked_since = 0.0
             if exchange is not None and exchange.response_paused and not self._write_paused:
-                exchange.resume_response()
-            if stream.end_pending and not stream.closed:
+                exchange.resume_response()  # may deliver, queue and pump again, here
+            if stream.end_pending and not stream.closed and not out:
                 stream.end_pending = False
                 try:
                     conn.end_stream(stream.stream_id)
@@ -570,11 +573,11 @@ class Http2Connection(asyncio.Protocol):
             self._go_away(_ENHANCE_YOUR_CALM)
 
     def _go_away(self, code: int) -> None:
+        """A connection error: GOAWAY with ``code``, then close at once."""
         try:
             self.conn.close_connection(error_code=code)
         except h2.exceptions.ProtocolError:
             pass
-        self._flush()
         self._close()
 
     def _close_if_done(self) -> None:
@@ -584,6 +587,10 @@ class Http2Connection(asyncio.Protocol):
     def _close(self) -> None:
         if self._closing:
             return
+        data = self.conn.data_to_send()  # the last frames go out first, batched or not
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.ledger.queued += len(data)
+            self.transport.write(data)
         self._closing = True
         for stream in list(self._streams.values()):
             if stream.exchange is not None:
@@ -632,14 +639,22 @@ class Http2Connection(asyncio.Protocol):
                     exchange.time_out()
 
     def drain(self) -> None:
-        """GOAWAY: the streams open finish, new ones are refused; closes when done."""
+        """GOAWAY(NO_ERROR): the streams open finish, new ones are refused
+        (REFUSED_STREAM, safe to retry: RFC 9113 §6.8); closes when done.
+
+        The frame is written here, not with ``H2Connection.close_connection``:
+        h2's state machine treats a sent GOAWAY as the end of the connection
+        and would refuse the responses of the streams still open."""
         if not self._going_away:
             self._going_away = True
-            try:
-                self.conn.close_connection(error_code=h2.errors.ErrorCodes.NO_ERROR)
-            except h2.exceptions.ProtocolError:
-                pass
             self._flush()
+            frame = hyperframe.frame.GoAwayFrame(0)
+            frame.last_stream_id = self.conn.highest_inbound_stream_id
+            frame.error_code = h2.errors.ErrorCodes.NO_ERROR
+            data = frame.serialize()
+            if self.transport is not None and not self.transport.is_closing():
+                self.ledger.queued += len(data)
+                self.transport.write(data)
         self._close_if_done()
 
     def close_now(self, reason: str) -> None:
