@@ -270,20 +270,24 @@ def edge_stack(
     certificate: CertPaths | None = None,
     backend_port: int | None = None,
     origin_pool_extra: str = "",
+    nodes: int = 1,
 ) -> Iterator[Stack]:
-    """A Node backend (or ``backend_port``), the real origin balancer and an edge."""
+    """``nodes`` Node backends (or ``backend_port``), the real origin balancer and an edge."""
     procs = Processes()
-    node_port, origin_port = free_port(), free_port()
+    node_ports = [free_port() for _ in range(nodes)]
+    node_port, origin_port = node_ports[0], free_port()
     https_port, admin_port, origin_admin_port = free_port(), free_port(), free_port()
     if backend_port is None:
-        procs.node(node_port)
+        for port in node_ports:
+            procs.node(port)
     else:
         node_port = backend_port
+        node_ports = [backend_port]
     origin_config = write_origin_config(
         tmp / "origin.toml",
         test_pki,
         port=origin_port,
-        backends=[node_port],
+        backends=node_ports,
         health=backend_port is None,
         admin_port=origin_admin_port,
         pool_extra=origin_pool_extra,
