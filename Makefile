@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
 
-.PHONY: venv node tools test lint demo dist bench-tunnel bench-edge bench-tls-floor wan apt-base clean
+.PHONY: venv node tools test lint demo dist bench-keepalive-race bench-tunnel bench-edge bench-tls-floor wan apt-base clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy), the WAN emulator (iptables, libnetfilter-queue), the
@@ -92,6 +92,9 @@ bench-tunnel: venv
 
 bench-edge: $(STAMPS)/py-load node
 	$(PY) -m loadtests.bench_edge
+
+bench-keepalive-race: $(STAMPS)/py-load node
+	$(PY) -m loadtests.keepalive_race
 
 bench-tls-floor: $(STAMPS)/py-load node
 	$(PY) -m loadtests.tls_floor

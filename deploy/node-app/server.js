@@ -148,6 +148,8 @@ function makeHandler(state) {
         return upload(req, res);
       case '/echo':
         return echo(req, res);
+      case '/once':
+        return once(req, res, state);
       case '/slow':
         return slow(req, res, url);
       case '/status':
@@ -194,6 +196,18 @@ function upload(req, res) {
     hash.update(chunk);
   });
   req.on('end', () => sendJson(res, 200, { bytes, sha256: hash.digest('hex') }));
+}
+
+function once(req, res, state) {
+  // Counts each request id this process has seen (a request the chain sends
+  // twice answers "seen": 2). Bounded: the oldest ids are forgotten first.
+  const id = req.headers['x-once-id'] || '';
+  const seen = (state.once.get(id) || 0) + 1;
+  state.once.delete(id);
+  state.once.set(id, seen);
+  if (state.once.size > 200000) state.once.delete(state.once.keys().next().value);
+  req.resume();
+  req.on('end', () => sendJson(res, 200, { id, seen, backend: state.port }));
 }
 
 function echo(req, res) {
@@ -250,7 +264,7 @@ function main() {
     console.error(err.message);
     process.exit(2);
   }
-  const state = { port: options.port };
+  const state = { port: options.port, once: new Map() };
   const server = http.createServer(makeHandler(state));
   const wss = attachWebSocketEcho(server);
   const listener = options.proxyProtocol

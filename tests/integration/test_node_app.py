@@ -570,3 +570,10 @@ def test_bad_arguments_are_reported(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert b'unknown argument "--bogus"' in done.stderr
+
+
+def test_once_counts_each_request_id(app: NodeApp) -> None:
+    first = get_json(app, "/once", {"X-Once-Id": "abc"})
+    again = get_json(app, "/once", {"X-Once-Id": "abc"})
+    other = get_json(app, "/once", {"X-Once-Id": "xyz"})
+    assert (first["seen"], again["seen"], other["seen"]) == (1, 2, 1)
