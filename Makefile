@@ -20,7 +20,7 @@ STAMPS := $(VENV)/.stamps
 # WireGuard test (wireguard-go, wireguard-tools) and the unit checks
 # (systemd-analyze, in systemd).
 APT_PACKAGES := haproxy wrk iptables iproute2 libnetfilter-queue-dev gcc python3-dev \
-	systemd wireguard-go wireguard-tools curl nghttp2-client
+	systemd wireguard-go wireguard-tools curl nghttp2-client prometheus
 
 # Redone when this file changes (the package list may have grown); cheap when
 # everything is there already.

@@ -130,6 +130,7 @@ async def run_worker(config: EdgeConfig, certificates: CertificateStore, sockets
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGHUP, worker.reload_certificates)
+    loop.add_signal_handler(signal.SIGUSR1, worker.reopen_logs)
     await stop.wait()
     await worker.drain()
 

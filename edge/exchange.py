@@ -81,6 +81,9 @@ class RequestRecord:
     reason: str = ""
     """Why the edge answered, refused or cut it (logs only, never the wire)."""
     origin: str | None = None
+    user_agent: str | None = None
+    trace_id: str | None = None
+    finished_at: float = 0.0
 
     @property
     def answered(self) -> bool:

@@ -54,7 +54,7 @@ from edge.http1 import (
     with_field,
 )
 from edge.ledger import OutputLedger
-from edge.services import EdgeServices
+from edge.services import ClientFacts, EdgeServices
 from edge.stream_metadata import connection_metadata, peer_address
 from tunnel.runtime.logs import LogThrottle
 
@@ -97,6 +97,7 @@ class Http1Connection(asyncio.Protocol):
         self._client_eof = False
         self._batch: list[bytes] | None = None
         self._release: Callable[[], None] | None = None
+        self.facts = ClientFacts("https" if scheme == "https" else "http")
         self.ledger = OutputLedger(self._log)
         now = time.monotonic()
         # The clock the deadlines read (edge.deadlines.Clock).
@@ -155,11 +156,8 @@ class Http1Connection(asyncio.Protocol):
                 self._closing = True
                 transport.abort()
                 return
-        services.connection_opened(
-            self,
-            ssl_object.version() if ssl_object is not None else None,
-            bool(ssl_object is not None and ssl_object.session_reused),
-        )
+        self.facts = ClientFacts.of(transport)
+        services.connection_opened(self, self.facts)
 
     def data_received(self, data: bytes) -> None:
         self.client_active_at = time.monotonic()
@@ -267,6 +265,8 @@ class Http1Connection(asyncio.Protocol):
             started=time.monotonic(),
             replay=head.head if head.replayable else None,
             keep_alive=head.keep_alive,
+            user_agent=_user_agent(head),
+            trace_id=head.trace_id,
         )
         exchange = Exchange(services, self, head, self._metadata, record)
         self.exchange = exchange
@@ -320,6 +320,9 @@ class Http1Connection(asyncio.Protocol):
                 self._hold(self.reader.upgrade_refused())  # type: ignore[union-attr]
             if self._hsts is not None:
                 data = with_field(data, self._hsts)
+            record = exchange.record
+            if record.request_id and not any(n == b"x-request-id" for n, _ in head.headers):
+                data = with_field(data, b"X-Request-Id: " + record.request_id.encode())
             if not exchange.record.keep_alive:
                 data = closing_head(data)
                 self._close_after = True
@@ -410,6 +413,8 @@ class Http1Connection(asyncio.Protocol):
             host=head.host if head is not None else None,
             request_id=head.request_id if head is not None else "",
             started=time.monotonic(),
+            user_agent=_user_agent(head) if head is not None else None,
+            trace_id=head.trace_id if head is not None else None,
             status=status,
             outcome=outcome,
             reason=reason,
@@ -430,7 +435,7 @@ class Http1Connection(asyncio.Protocol):
         self._close()
 
     def _log(self, record: RequestRecord, sent: int) -> None:
-        self.services.log_request(record, self.client_ip or None, sent)
+        self.services.log_request(record, self.client_ip or None, sent, self.facts)
 
     def _pause(self, reason: int) -> None:
         if not self._paused and self.transport is not None:
@@ -495,3 +500,10 @@ class Http1Connection(asyncio.Protocol):
         if phase is not self.phase:
             self.phase = phase
             self.phase_since = time.monotonic()
+
+
+def _user_agent(head: RequestHeadReceived) -> str | None:
+    for name, value in head.headers:
+        if name == b"user-agent":
+            return value[:256].decode("latin-1")
+    return None

@@ -62,7 +62,7 @@ from edge.http1 import (
     ResponseHeadReceived,
 )
 from edge.ledger import OutputLedger
-from edge.services import EdgeServices
+from edge.services import ClientFacts, EdgeServices
 from edge.stream_metadata import connection_metadata, peer_address
 from tunnel.runtime.logs import LogThrottle
 
@@ -124,6 +124,7 @@ class Http2Connection(asyncio.Protocol):
         self._trusted = trusted
         self._client_address = client_address
         self._hsts = services.hsts_field
+        self.facts = ClientFacts("https")
         self.transport: asyncio.Transport | None = None
         self.client_ip = ""
         self._metadata = b""
@@ -173,12 +174,8 @@ class Http2Connection(asyncio.Protocol):
             server_port=local[1] if local else 443,
         )
         self.client_ip = self._context.client_ip
-        ssl_object = transport.get_extra_info("ssl_object")
-        services.connection_opened(
-            self,
-            ssl_object.version() if ssl_object is not None else None,
-            bool(ssl_object is not None and ssl_object.session_reused),
-        )
+        self.facts = ClientFacts.of(transport, alpn="h2")
+        services.connection_opened(self, self.facts)
         self.conn.initiate_connection()
         self.conn.increment_flow_control_window(CONNECTION_WINDOW - 65535)
         self._flush()
@@ -296,6 +293,10 @@ class Http2Connection(asyncio.Protocol):
             started=time.monotonic(),
             protocol="h2",
             replay=head.head if head.replayable else None,
+            user_agent=next(
+                (v[:256].decode("latin-1") for n, v in head.headers if n == b"user-agent"), None
+            ),
+            trace_id=head.trace_id,
         )
         stream.record = record
         if not services.request_rate.allow(self.client_ip, record.started):
@@ -386,6 +387,9 @@ class Http2Connection(asyncio.Protocol):
             return
         hsts = self._hsts if head.status != 101 or stream.websocket else None
         fields = response_fields(head.status, head.headers, websocket=stream.websocket, extra=hsts)
+        record = exchange.record
+        if record.request_id and not any(n == b"x-request-id" for n, _ in head.headers):
+            fields.append((b"x-request-id", record.request_id.encode()))
         self._send_headers(stream, fields, end=False)
         if stream.record is not None:
             stream.record.bytes_out += len(head.head)
@@ -560,7 +564,7 @@ class Http2Connection(asyncio.Protocol):
         self.ledger.check()
 
     def _log(self, record: RequestRecord, sent: int) -> None:
-        self.services.log_request(record, self.client_ip or None, sent)
+        self.services.log_request(record, self.client_ip or None, sent, self.facts)
 
     # -- floods, deadlines, closing ----------------------------------------------------
 

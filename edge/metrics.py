@@ -23,8 +23,8 @@ REQUESTS = Counter("geoedge_edge_requests", "Requests answered, by status", ["st
 BYTES = Counter("geoedge_edge_bytes", "Request/response bytes", ["direction"])
 ERRORS = Counter("geoedge_edge_errors", "Refusals and failures, by reason", ["reason"])
 REFUSED = Counter("geoedge_edge_refused_connections", "Connections refused before HTTP", ["reason"])
-TUNNEL_RTT = Gauge(
-    "geoedge_edge_tunnel_rtt_seconds",
+TUNNEL_SRTT = Gauge(
+    "geoedge_edge_tunnel_srtt_seconds",
     "Smoothed tunnel RTT per origin (per worker)",
     ["origin"],
     multiprocess_mode="liveall",
@@ -41,53 +41,90 @@ STREAMS_OPEN = Gauge(
     ["origin"],
     multiprocess_mode="livesum",
 )
-UPSTREAM_SECONDS = Histogram(
-    "geoedge_edge_upstream_seconds",
-    "Time to the first response byte through the tunnel",
-    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+
+#: Request latencies span a few ms (near users, keep-alive) to seconds (far origins).
+_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+
+REQUEST_SECONDS = Histogram(
+    "geoedge_edge_request_duration_seconds",
+    "Requests from their head to the response's last octet (WebSocket: the session)",
+    ["origin", "status_class", "protocol"],
+    buckets=_LATENCY_BUCKETS,
+)
+FIRST_BYTE_SECONDS = Histogram(
+    "geoedge_edge_upstream_first_byte_seconds",
+    "From a request's head to its response's first octet: tunnel, origin and backend",
+    ["origin", "protocol"],
+    buckets=_LATENCY_BUCKETS,
+)
+TRANSFER_SECONDS = Histogram(
+    "geoedge_edge_response_transfer_seconds",
+    "From a response's first octet to its last (the client's and the tunnel's rate)",
+    ["protocol"],
+    buckets=_LATENCY_BUCKETS,
+)
+TLS_HANDSHAKE_SECONDS = Histogram(
+    "geoedge_edge_tls_handshake_seconds",
+    "Client TLS handshakes, from accept() to the handshake's end (the user's last mile)",
+    ["version"],
+    buckets=_LATENCY_BUCKETS,
+)
+_RTT_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5,
+    0.75, 1.0, 2.0,
+)  # fmt: skip
+TUNNEL_RTT_SECONDS = Histogram(
+    "geoedge_edge_tunnel_rtt_seconds",
+    "Tunnel round-trip time per origin, sampled once a second per worker",
+    ["origin"],
+    buckets=_RTT_BUCKETS,
 )
 
 
 class Tally:
-    """Hot-path counting in plain integers, added to Prometheus by :meth:`publish`
+    """Hot-path counting in plain numbers, added to Prometheus by :meth:`publish`
     (the worker calls it once a second and the numbers are at most that stale).
 
     Why: in multiprocess mode every ``inc``/``observe`` takes a lock, calls
     ``getpid()`` and writes a memory-mapped file (0.85-1.7 us each); per request
     that was 7% of the edge's CPU in ``make bench-edge``. A dict increment is
-    ~0.1 us, and publishing costs one ``inc`` per label per second.
+    ~0.1 us, and publishing costs one ``inc`` per label set per second.
     """
 
-    __slots__ = ("_bounds", "_buckets", "_counts", "_histogram", "_sum")
+    __slots__ = ("_counts", "_histograms")
 
-    def __init__(self, histogram: Histogram = UPSTREAM_SECONDS) -> None:
+    def __init__(self) -> None:
         self._counts: dict[tuple[Counter, str | tuple[str, ...]], float] = {}
-        self._histogram = histogram
-        self._bounds = tuple(histogram._upper_bounds)  # type: ignore[attr-defined]
-        self._buckets = [0] * len(self._bounds)
-        self._sum = 0.0
+        # (histogram, labels) -> [per-bucket counts..., sum]
+        self._histograms: dict[tuple[Histogram, tuple[str, ...]], list[float]] = {}
 
     def add(self, counter: Counter, label: str | tuple[str, ...], amount: float = 1) -> None:
         """``label``: the label value, or a tuple of them for several labels."""
         key = (counter, label)
         self._counts[key] = self._counts.get(key, 0) + amount
 
-    def observe(self, seconds: float) -> None:
-        self._buckets[bisect.bisect_left(self._bounds, seconds)] += 1
-        self._sum += seconds
+    def observe(self, histogram: Histogram, labels: tuple[str, ...], seconds: float) -> None:
+        key = (histogram, labels)
+        counts = self._histograms.get(key)
+        bounds = histogram._upper_bounds  # type: ignore[attr-defined]
+        if counts is None:
+            counts = self._histograms[key] = [0.0] * (len(bounds) + 1)
+        counts[bisect.bisect_left(bounds, seconds)] += 1
+        counts[-1] += seconds
 
     def publish(self) -> None:
         counts, self._counts = self._counts, {}
         for (counter, label), amount in counts.items():
             child = counter.labels(*label) if isinstance(label, tuple) else counter.labels(label)
             child.inc(amount)
-        if any(self._buckets):
+        histograms, self._histograms = self._histograms, {}
+        for (histogram, labels), buckets in histograms.items():
             # prometheus_client keeps per-bucket (non-cumulative) children and a
             # sum; adding to them is what ``observe`` does one value at a time.
-            histogram = self._histogram
-            for index, count in enumerate(self._buckets):
+            child = histogram.labels(*labels)
+            for index, count in enumerate(buckets[:-1]):
                 if count:
-                    histogram._buckets[index].inc(count)  # type: ignore[attr-defined]
-            histogram._sum.inc(self._sum)  # type: ignore[attr-defined]
-            self._buckets = [0] * len(self._bounds)
-            self._sum = 0.0
+                    child._buckets[index].inc(count)  # type: ignore[attr-defined]
+            child._sum.inc(buckets[-1])  # type: ignore[attr-defined]

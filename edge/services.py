@@ -9,6 +9,7 @@ worker (:class:`edge.worker.EdgeWorker`) implements it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from edge.admission import RequestRate
@@ -17,7 +18,34 @@ from edge.deadlines import Deadlines
 from edge.exchange import ExchangeServices, RequestRecord
 from edge.http1 import HttpLimits
 
-__all__ = ["ClientConnection", "EdgeServices"]
+__all__ = ["ClientConnection", "ClientFacts", "EdgeServices"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientFacts:
+    """What every access-log line of one client connection repeats."""
+
+    protocol_family: str  # "https" or "http"
+    tls_version: str | None = None
+    server_name: str | None = None
+    alpn: str | None = None
+    tls_handshake_s: float | None = None
+    tls_resumed: bool = False
+
+    @classmethod
+    def of(cls, transport: object, alpn: str | None = None) -> ClientFacts:
+        ssl_object = transport.get_extra_info("ssl_object")  # type: ignore[attr-defined]
+        if ssl_object is None:
+            return cls("http")
+        handshake = getattr(transport, "handshake_seconds", None)
+        return cls(
+            "https",
+            ssl_object.version(),
+            getattr(ssl_object, "geoedge_server_name", None),
+            alpn or ssl_object.selected_alpn_protocol(),
+            handshake,
+            bool(ssl_object.session_reused),
+        )
 
 
 class ClientConnection(Protocol):
@@ -43,7 +71,8 @@ class EdgeServices(ExchangeServices, Protocol):
 
     def new_request_id(self) -> str: ...
     def admit(self, client_ip: str) -> Callable[[], None] | None: ...
-    def connection_opened(self, connection: ClientConnection, tls_version: str | None,
-                          resumed: bool) -> None: ...  # fmt: skip
+    def connection_opened(self, connection: ClientConnection, facts: ClientFacts) -> None: ...
     def connection_closed(self, connection: ClientConnection) -> None: ...
-    def log_request(self, record: RequestRecord, client_ip: str | None, sent: int) -> None: ...
+    def log_request(
+        self, record: RequestRecord, client_ip: str | None, sent: int, facts: ClientFacts
+    ) -> None: ...

@@ -134,6 +134,7 @@ class TlsServerTransport(asyncio.Transport):
         "_write_progress",
         "_writer",
         "geoedge_server_name",
+        "handshake_seconds",
     )
 
     def __init__(
@@ -158,6 +159,7 @@ class TlsServerTransport(asyncio.Transport):
         self._lingered_s = 0.0
         self._send_timeout_s = send_timeout_s
         self._sent = 0
+        self.handshake_seconds = loop.time()  # the start, until the handshake's end
         self._flushed_callback: Callable[[], None] | None = None
         self._write_progress = 0.0
         self._sock = sock
@@ -234,6 +236,7 @@ class TlsServerTransport(asyncio.Transport):
             return
         self._state = _OPEN
         self._cancel_timer()
+        self.handshake_seconds = self._loop.time() - self.handshake_seconds
         self._protocol.connection_made(self)
         if self._state == _OPEN:
             self._read()

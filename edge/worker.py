@@ -29,11 +29,12 @@ from edge.front_h1 import Http1Connection
 from edge.http1 import HttpLimits
 from edge.listener import is_trusted, serve_proxy_listener
 from edge.origins import OriginSet
-from edge.services import ClientConnection
+from edge.services import ClientConnection, ClientFacts
 from edge.tls import CertificateStore
 from edge.tls_transport import TlsListener
 from tunnel.aio.stream import TunnelStream
 from tunnel.runtime.logs import AccessLog, LogThrottle
+from tunnel.runtime.metrics import ProcessMetrics
 
 log = logging.getLogger("geoedge.edge")
 throttled = LogThrottle(log)
@@ -79,6 +80,7 @@ class EdgeWorker:
         self._id_counter = itertools.count(1)
         self.access_log = _open_access_log(config)
         self.tally = metrics.Tally()
+        self.process_metrics = ProcessMetrics("edge")
         limits = config.limits
         self.admission = ConnectionAdmission(
             limits.max_connections, limits.max_connections_per_client_ip
@@ -189,6 +191,11 @@ class EdgeWorker:
         if self.access_log is not None:
             self.access_log.close()
 
+    def reopen_logs(self) -> None:
+        """SIGUSR1: reopen the access log by name (after logrotate moved it)."""
+        if self.access_log is not None:
+            self.access_log.reopen()
+
     def reload_certificates(self) -> None:
         try:
             self.certificates.reload()
@@ -196,8 +203,11 @@ class EdgeWorker:
             log.error("certificate reload failed, keeping the old ones: %s", exc)
 
     async def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
+            woke_at = loop.time() + SWEEP_INTERVAL_S
             await asyncio.sleep(SWEEP_INTERVAL_S)
+            self.process_metrics.sample(event_loop_lag_s=loop.time() - woke_at)
             self.tally.publish()
             if self.access_log is not None:  # a quiet edge's last lines within a second
                 self.access_log.flush()
@@ -212,7 +222,8 @@ class EdgeWorker:
             metrics.TUNNELS_UP.labels(stats.name).set(stats.usable)
             metrics.STREAMS_OPEN.labels(stats.name).set(stats.open_streams)
             if stats.srtt_s is not None:
-                metrics.TUNNEL_RTT.labels(stats.name).set(stats.srtt_s)
+                metrics.TUNNEL_SRTT.labels(stats.name).set(stats.srtt_s)
+                self.tally.observe(metrics.TUNNEL_RTT_SECONDS, (stats.name,), stats.srtt_s)
 
     # -- edge.services.EdgeServices ------------------------------------------------------
 
@@ -224,14 +235,16 @@ class EdgeWorker:
     ) -> tuple[str, TunnelStream]:
         return self.origins.open_stream(metadata, factory)
 
-    def connection_opened(
-        self, connection: ClientConnection, tls_version: str | None, resumed: bool
-    ) -> None:
+    def connection_opened(self, connection: ClientConnection, facts: ClientFacts) -> None:
         self.connections.add(connection)
         tally = self.tally
-        if tls_version is not None:
+        if facts.tls_version is not None:
             tally.add(metrics.CONNECTIONS, "https")
-            tally.add(metrics.HANDSHAKES, (tls_version, "yes" if resumed else "no"))
+            tally.add(metrics.HANDSHAKES, (facts.tls_version, "yes" if facts.tls_resumed else "no"))
+            if facts.tls_handshake_s is not None:
+                tally.observe(
+                    metrics.TLS_HANDSHAKE_SECONDS, (facts.tls_version,), facts.tls_handshake_s
+                )
         else:
             tally.add(metrics.CONNECTIONS, "http")
 
@@ -263,21 +276,35 @@ class EdgeWorker:
                 outcome=outcome, reason=reason,
             )  # fmt: skip
 
-    def log_request(self, record: RequestRecord, client_ip: str | None, sent: int) -> None:
-        """One access-log line; ``sent``: octets of the response the client was sent."""
+    def log_request(
+        self, record: RequestRecord, client_ip: str | None, sent: int, facts: ClientFacts
+    ) -> None:
+        """One access-log line, and the request's share of the metrics; ``sent``:
+        octets of the response the client was sent. The phases: ``ttfb_ms``
+        from the request's head to the response's first octet (tunnel, origin,
+        backend), ``transfer_ms`` from there to the end; ``tls_ms`` is the
+        connection's handshake (the user's last mile)."""
         now = time.monotonic()
         status = record.status
+        protocol = record.protocol
+        origin = record.origin or "-"
         tally = self.tally
         tally.add(metrics.REQUESTS, str(status))
         tally.add(metrics.BYTES, "in", record.bytes_in)
         tally.add(metrics.BYTES, "out", sent)
-        upstream_ms = None
+        duration = now - record.started
+        tally.observe(metrics.REQUEST_SECONDS, (origin, f"{status // 100}xx", protocol), duration)
+        ttfb_ms = transfer_ms = None
         if record.first_byte:
-            upstream = record.first_byte - record.started
-            tally.observe(upstream)
-            upstream_ms = round(upstream * 1000, 3)
+            ttfb = record.first_byte - record.started
+            tally.observe(metrics.FIRST_BYTE_SECONDS, (origin, protocol), ttfb)
+            tally.observe(metrics.TRANSFER_SECONDS, (protocol,), now - record.first_byte)
+            ttfb_ms = round(ttfb * 1000, 3)
+            transfer_ms = round((now - record.first_byte) * 1000, 3)
         if self.access_log is None:
             return
+        extra = {"reason": record.reason} if record.reason else {}
+        handshake = facts.tls_handshake_s
         self.access_log.log(
             client_ip=client_ip,
             method=record.method,
@@ -286,14 +313,21 @@ class EdgeWorker:
             status=status,
             bytes_in=record.bytes_in,
             bytes_out=sent,
-            duration_ms=round((now - record.started) * 1000, 3),
-            upstream_ms=upstream_ms,
+            duration_ms=round(duration * 1000, 3),
+            upstream_ms=ttfb_ms,
             origin=record.origin,
             request_id=record.request_id or None,
             worker=self._pid,
-            protocol=record.protocol,
+            protocol=protocol,
             outcome=record.outcome,
-            **({"reason": record.reason} if record.reason else {}),
+            transfer_ms=transfer_ms,
+            tls_ms=None if handshake is None else round(handshake * 1000, 3),
+            tls_version=facts.tls_version,
+            sni=facts.server_name,
+            alpn=facts.alpn,
+            user_agent=record.user_agent,
+            trace_id=record.trace_id,
+            **extra,
         )
 
 

@@ -175,11 +175,13 @@ class FakeServices:
     def admit(self, client_ip: str) -> Any:
         return lambda: None
 
-    def connection_opened(self, connection: Any, tls_version: Any, resumed: bool) -> None:
+    def connection_opened(self, connection: Any, facts: Any) -> None:
         self.connections.add(connection)
 
     def connection_closed(self, connection: Any) -> None:
         self.connections.discard(connection)
 
-    def log_request(self, record: RequestRecord, client_ip: str | None, sent: int) -> None:
+    def log_request(
+        self, record: RequestRecord, client_ip: str | None, sent: int, facts: Any = None
+    ) -> None:
         self.logged.append((record, sent))

@@ -52,6 +52,8 @@ class RequestHeadReceived:
     replayable: bool
     content_length: int | None
     chunked: bool
+    trace_id: str = ""
+    """The W3C trace id the request carries up (kept or started by the edge)."""
 
 
 @dataclass(slots=True)

@@ -51,6 +51,10 @@ the real client address. A trusted proxy's ``X-Forwarded-For`` and
 ``Forwarded`` are appended to, its other forwarding fields and a well-formed
 ``X-Request-Id`` are kept.
 
+Trace context (W3C): ``traceparent`` and ``tracestate`` are kept from a
+trusted hop when well formed; otherwise the edge starts a trace with a
+``traceparent`` of its own (sampled), and drops the client's.
+
 A WebSocket handshake (``Upgrade`` listing ``websocket`` and ``Connection``
 listing ``upgrade``) must be complete and valid (GET, HTTP/1.1, version 13, a
 key of 16 bytes, no body) or it is rejected with 400 (RFC 6455 §4.2.1).
@@ -58,6 +62,7 @@ key of 16 bytes, no body) or it is rejected with 400 (RFC 6455 §4.2.1).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable
 
@@ -91,7 +96,8 @@ IDEMPOTENT_METHODS = frozenset({b"GET", b"HEAD", b"PUT", b"DELETE", b"OPTIONS", 
     _REQUEST_ID,
     _WS_KEY,
     _WS_VERSION,
-) = range(12)
+    _TRACE,
+) = range(13)
 
 _KINDS = {
     b"host": _HOST,
@@ -111,6 +117,8 @@ _KINDS = {
     b"x-forwarded-host": _FORWARDING_KEPT_IF_TRUSTED,
     b"x-forwarded-port": _FORWARDING_KEPT_IF_TRUSTED,
     b"x-request-id": _REQUEST_ID,
+    b"traceparent": _TRACE,
+    b"tracestate": _TRACE,
     b"sec-websocket-key": _WS_KEY,
     b"sec-websocket-version": _WS_VERSION,
 }
@@ -153,6 +161,7 @@ class _Fields:
         "hosts",
         "kept",
         "request_ids",
+        "trace",
         "transfer_encoding",
         "trusted_present",
         "upgrade",
@@ -172,6 +181,7 @@ class _Fields:
         self.forwarded: list[bytes] = []
         self.trusted_present: set[bytes] = set()
         self.request_ids: list[bytes] = []
+        self.trace: list[Field] = []
         self.ws_keys: list[bytes] = []
         self.ws_versions: list[bytes] = []
         kinds = _KINDS
@@ -204,6 +214,8 @@ class _Fields:
                     kept.append((name, lname, value))
             elif kind == _REQUEST_ID:
                 self.request_ids.append(value)
+            elif kind == _TRACE:
+                self.trace.append((name, lname, value))
             elif kind == _WS_KEY:
                 self.ws_keys.append(value)
                 kept.append((name, lname, value))
@@ -244,6 +256,7 @@ def build_request_head(
         kept.append((b"Content-Length", b"content-length", b"%d" % content_length))
     request_id = _request_id(fields.request_ids, identity.trusted, request_id_factory)
     _append_forwarding(kept, fields, identity, host, request_id)
+    trace_id = _append_trace_context(kept, fields.trace, identity.trusted, request_id)
     parts = [method, b" ", target, b" HTTP/", version, b"\r\n"]
     for name, _, value in kept:
         parts += (name, b": ", value, b"\r\n")
@@ -258,6 +271,7 @@ def build_request_head(
         head=b"".join(parts),
         host=host.decode("ascii") if host is not None else None,
         request_id=request_id.decode("ascii"),
+        trace_id=trace_id,
         keep_alive=keep_alive,
         websocket_upgrade=websocket,
         idempotent=idempotent,
@@ -384,6 +398,31 @@ def _append_forwarding(
     if b"x-forwarded-port" not in present:
         out.append((b"X-Forwarded-Port", b"x-forwarded-port", identity.port))
     out.append((b"X-Request-Id", b"x-request-id", request_id))
+
+
+_TRACEPARENT_RE = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
+
+
+def _append_trace_context(
+    out: list[Field], trace: list[Field], trusted: bool, request_id: bytes
+) -> str:
+    """W3C trace context: a well-formed ``traceparent`` (and its ``tracestate``)
+    from a trusted hop is kept; otherwise the edge starts a trace, so Node's own
+    traces join the edge's logs by trace id. Returns the trace id.
+
+    A trace the edge starts takes its ids from a hash of the request id, which
+    is unique per worker (a random prefix and a counter): the reader stays a
+    pure function of its input and its id factory."""
+    parents = [f for f in trace if f[1] == b"traceparent"]
+    if trusted and len(parents) == 1:
+        match = _TRACEPARENT_RE.fullmatch(parents[0][2])
+        if match and match[1] != b"0" * 32 and match[2] != b"0" * 16:
+            out.extend(trace)
+            return match[1].decode("ascii")
+    trace_id = hashlib.blake2b(request_id, digest_size=16, person=b"geoedge-trace").hexdigest()
+    span_id = hashlib.blake2b(request_id, digest_size=8, person=b"geoedge-span").hexdigest()
+    out.append((b"traceparent", b"traceparent", f"00-{trace_id}-{span_id}-01".encode()))
+    return trace_id
 
 
 def _forwarded_value(value: bytes) -> bytes:

@@ -8,7 +8,9 @@ import asyncio
 import hashlib
 import json
 import os
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -178,8 +180,20 @@ def test_metrics_count_handshakes_and_requests(stack: Stack) -> None:
         text = stack.metrics()
     assert "geoedge_edge_tls_handshakes_total" in text
     assert 'geoedge_edge_requests_total{status="200"}' in text
-    assert "geoedge_edge_tunnel_rtt_seconds" in text
-    assert "geoedge_edge_upstream_seconds_bucket" in text
+    assert "geoedge_edge_tunnel_srtt_seconds" in text
+    assert (
+        'geoedge_edge_request_duration_seconds_count{origin="origin-a",protocol="h1",'
+        'status_class="2xx"}' in text
+    )
+    assert 'geoedge_edge_upstream_first_byte_seconds_bucket{le="0.005",origin="origin-a"' in text
+    assert 'geoedge_edge_tls_handshake_seconds_count{version="TLSv1.3"}' in text
+    assert 'geoedge_process_resident_memory_bytes{daemon="edge",pid="' in text
+    promtool = shutil.which("promtool")
+    if promtool is not None:  # Debian's prometheus package; the Makefile installs it
+        lint = subprocess.run(
+            [promtool, "check", "metrics"], input=text, capture_output=True, text=True
+        )
+        assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
 def test_node_keepalive_timeout_does_not_cost_the_client_a_handshake(stack: Stack) -> None:

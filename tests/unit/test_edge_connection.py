@@ -38,10 +38,11 @@ def test_a_request_is_one_stream_with_its_own_metadata_ended_idle() -> None:
     assert stream.metadata.client_address == ("203.0.113.9", 40000)
     assert stream.sent.startswith(b"GET /cart?id=7 HTTP/1.1\r\n")
     stream.respond(OK)
-    assert transport.take() == OK
+    answered = transport.take()  # the request id is echoed to the client
+    assert answered == OK.replace(b"OK\r\n", b"OK\r\nX-Request-Id: req0001\r\n", 1)
     assert stream.ended_with == ErrorCode.IDLE  # the backend connection is reusable
     ((record, sent),) = services.logged
-    assert (record.status, record.outcome, sent) == (200, "ok", len(OK))
+    assert (record.status, record.outcome, sent) == (200, "ok", len(answered))
     client.data_received(get("/next"))  # keep-alive: the next request, a new stream
     assert len(services.streams) == 2 and not transport.closed
 

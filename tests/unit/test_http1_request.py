@@ -7,6 +7,7 @@ One test per rule of edge/http1 (see the module docstrings of
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib
 import itertools
 import pkgutil
@@ -174,6 +175,7 @@ def test_simple_get_is_rewritten_and_completed() -> None:
         b"X-Forwarded-Host: example.com\r\n"
         b"X-Forwarded-Port: 443\r\n"
         b"X-Request-Id: gen-1\r\n"
+        b"traceparent: 00-" + head.trace_id.encode() + b"-" + SPAN + b"-01\r\n"
         b"\r\n"
     )
     assert (head.method, head.target, head.http_version) == (b"GET", b"/a?b=1", b"1.1")
@@ -183,6 +185,23 @@ def test_simple_get_is_rewritten_and_completed() -> None:
     assert not head.expects_body and head.websocket_upgrade is None
     assert head.headers[0] == (b"host", b"example.com")
     assert (b"accept", b"*/*") in head.headers
+
+
+SPAN = hashlib.blake2b(b"gen-1", digest_size=8, person=b"geoedge-span").hexdigest().encode()
+
+
+def test_the_edge_starts_a_trace_unless_a_trusted_hop_sent_one() -> None:
+    parent = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    started = only_head(feed_all(get(b"/", b"traceparent: " + parent, b"tracestate: a=1")))
+    assert len(started.trace_id) == 32 and started.trace_id.encode() not in parent
+    assert parent not in started.head and b"tracestate" not in started.head
+    kept = only_head(
+        feed_all(get(b"/", b"traceparent: " + parent, b"tracestate: a=1"), trusted=True)
+    )
+    assert kept.trace_id == "0af7651916cd43dd8448eb211c80319c"
+    assert values(kept, b"traceparent") == [parent] and values(kept, b"tracestate") == [b"a=1"]
+    junk = only_head(feed_all(get(b"/", b"traceparent: 00-zz"), trusted=True))
+    assert b"00-zz" not in junk.head and len(values(junk, b"traceparent")) == 1
 
 
 def test_forwarded_head_is_parseable_by_llhttp_with_same_fields() -> None:

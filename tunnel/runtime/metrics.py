@@ -47,6 +47,7 @@ from prometheus_client import (
 __all__ = [
     "ENV_VAR",
     "MetricSet",
+    "ProcessMetrics",
     "cleanup_multiprocess",
     "enable_multiprocess",
     "exposition",
@@ -153,3 +154,50 @@ class MetricSet:
             registry=self.registry,
             buckets=buckets,
         )
+
+
+_process_metrics: dict[str, tuple[Gauge, Gauge, Counter, Gauge]] = {}  # "all": the one set
+
+
+class ProcessMetrics:
+    """A worker's own health, sampled by its periodic task: resident memory, open
+    descriptors, CPU time and event-loop lag (how late a timer fired: a loop
+    busy for that long delayed every connection it serves). Gauges are per
+    live process (``pid`` label); CPU is a counter summed over processes."""
+
+    __slots__ = ("_cpu", "_daemon", "_fds", "_lag", "_last_cpu", "_page", "_rss")
+
+    def __init__(self, daemon: str) -> None:
+        if not _process_metrics:  # declared once per process, after multiprocess mode
+            _process_metrics["all"] = (
+                Gauge("geoedge_process_resident_memory_bytes", "Resident memory",
+                      ["daemon"], multiprocess_mode="liveall"),
+                Gauge("geoedge_process_open_fds", "Open file descriptors",
+                      ["daemon"], multiprocess_mode="liveall"),
+                Counter("geoedge_process_cpu_seconds", "CPU time (user + system)", ["daemon"]),
+                Gauge("geoedge_event_loop_lag_seconds",
+                      "How late the last periodic timer fired", ["daemon"],
+                      multiprocess_mode="liveall"),
+            )  # fmt: skip
+        rss, fds, cpu, lag = _process_metrics["all"]
+        self._daemon = daemon
+        self._rss, self._fds, self._cpu, self._lag = (
+            rss.labels(daemon),
+            fds.labels(daemon),
+            cpu.labels(daemon),
+            lag.labels(daemon),
+        )
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        times = os.times()
+        self._last_cpu = times.user + times.system
+
+    def sample(self, *, event_loop_lag_s: float) -> None:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open("/proc/self/statm", "rb") as f:
+                self._rss.set(int(f.read().split()[1]) * self._page)
+            self._fds.set(len(os.listdir("/proc/self/fd")))
+        times = os.times()
+        cpu = times.user + times.system
+        self._cpu.inc(max(0.0, cpu - self._last_cpu))
+        self._last_cpu = cpu
+        self._lag.set(max(0.0, event_loop_lag_s))

@@ -88,7 +88,7 @@ __all__ = [
 log = logging.getLogger("geoedge.workers")
 
 #: Signals whose parent-side handlers a child must not inherit.
-_PARENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
+_PARENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
 #: Bytes of control messages kept for a worker that does not read them; past
 #: this the worker is considered stuck and killed (it will be restarted).
 MAX_CONTROL_BACKLOG = 16 * 1024 * 1024
@@ -187,6 +187,7 @@ class Supervisor:
         loop.add_signal_handler(signal.SIGTERM, self.stop)
         loop.add_signal_handler(signal.SIGINT, self.stop)
         loop.add_signal_handler(signal.SIGHUP, self._on_hup)
+        loop.add_signal_handler(signal.SIGUSR1, self._on_usr1)
         self._inherited_fds = _open_fds()
         try:
             for slot in self._slots:
@@ -196,7 +197,7 @@ class Supervisor:
                 self._check_done()
             await self._done
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
                 loop.remove_signal_handler(sig)
             if self._kill_timer is not None:
                 self._kill_timer.cancel()
@@ -358,6 +359,11 @@ class Supervisor:
                 signal.pidfd_send_signal(slot.pidfd, sig)
             except ProcessLookupError:
                 pass
+
+    def _on_usr1(self) -> None:
+        """SIGUSR1 (logrotate's postrotate): the workers reopen their logs."""
+        for slot in self._slots:
+            self._signal(slot, signal.SIGUSR1)
 
     def _on_hup(self) -> None:
         if self._on_reload is not None:
