@@ -80,6 +80,7 @@ class EdgeWorker:
         self._id_counter = itertools.count(1)
         self.access_log = _open_access_log(config)
         self.tally = metrics.Tally()
+        metrics.prime()
         self.process_metrics = ProcessMetrics("edge")
         limits = config.limits
         self.admission = ConnectionAdmission(
