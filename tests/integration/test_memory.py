@@ -1,0 +1,205 @@
+"""Every per-connection object is freed by reference counting when its connection
+closes: no reference cycles on the hot path.
+
+- the edge's TLS transport with a protocol that keeps it (every way a
+  connection can end), and the origin's splices and backend protocols (every
+  way a stream can end), in process with the collector off (:mod:`tests.leaks`);
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+from edge.tls_transport import TlsListener, TlsServerTransport
+from origin.forward import BackendProtocol, Splice
+from tests.conftest import PkiFiles, run_async
+from tests.integration.origin_harness import (
+    CLIENT,
+    SERVER,
+    needs_node,
+    node_backends,
+    origin_config,
+    origin_in_process,
+    pool,
+)
+from tests.leaks import collector_off, live
+from tests.tunnel_env import connect, dial_config, free_port, open_io
+from tunnel.aio.stream import StreamResetError
+from tunnel.mux import ErrorCode
+
+_RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset
+
+
+async def settle(seconds: float = 0.1) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
+def with_node(test: Any) -> Any:
+    for mark in needs_node:
+        test = mark(test)
+    return test
+
+
+# --------------------------------------------------------------------------- TLS transport
+
+
+class Holder(asyncio.Protocol):
+    """Keeps its transport, as the edge's client connection does; answers
+    ``pong`` to ``ping`` and then closes, or waits for the client."""
+
+    def __init__(self, close_after_reply: bool) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.close_after_reply = close_after_reply
+        self.lost = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(b"pong")
+        if self.close_after_reply:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost.set_result(None)
+
+
+def test_tls_connections_are_freed_however_they_end(test_pki: PkiFiles) -> None:
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(test_pki.server.cert, test_pki.server.key)
+    client = ssl.create_default_context(cafile=str(test_pki.ca))
+
+    async def main() -> None:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        address = sock.getsockname()
+        holders: list[Holder] = []
+
+        def factory() -> Holder:
+            holders.append(Holder(close_after_reply=len(holders) % 2 == 0))
+            return holders[-1]
+
+        listener = TlsListener(sock, server, factory, 0.5, linger_s=0.2)
+
+        async def ping_pong() -> None:  # the server closes (even) or the client does (odd)
+            reader, writer = await asyncio.open_connection(
+                *address, ssl=client, server_hostname="localhost"
+            )
+            writer.write(b"ping")
+            assert await reader.readexactly(4) == b"pong"
+            writer.close()
+
+        async def vanish() -> None:  # a reset while the connection is open
+            reader, writer = await asyncio.open_connection(
+                *address, ssl=client, server_hostname="localhost"
+            )
+            writer.write(b"ping")
+            await reader.readexactly(4)
+            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RST)
+            writer.transport.abort()
+
+        async def no_tls() -> None:  # a failed handshake, and a silent client (timeout)
+            for data in (b"GET / HTTP/1.1\r\n\r\n", b""):
+                reader, writer = await asyncio.open_connection(*address)
+                writer.write(data)
+                with contextlib.suppress(ConnectionError):
+                    await asyncio.wait_for(reader.read(), 5)
+                writer.close()
+
+        with collector_off():
+            transports, before = live(TlsServerTransport), live(Holder)
+            for _ in range(10):
+                await asyncio.gather(ping_pong(), ping_pong(), vanish(), no_tls())
+            opened = [h for h in holders if h.transport is not None]
+            assert len(holders) == 50 and len(opened) == 30  # 20 never got past TLS
+            await asyncio.wait_for(asyncio.gather(*(h.lost for h in opened)), 10)
+            del holders[:], opened
+            await settle(0.5)  # the lingering closes
+            assert live(TlsServerTransport) == transports
+            assert live(Holder) == before
+        listener.close()
+        sock.close()
+
+    run_async(main(), 60)
+
+
+# --------------------------------------------------------------------------- origin
+
+
+@with_node
+def test_origin_splices_are_freed_however_their_stream_ends(
+    test_pki: PkiFiles, tmp_path: Path
+) -> None:
+    with node_backends(tmp_path, 1) as nodes:
+        dead = pool(
+            [f"127.0.0.1:{free_port()}"],
+            name="dead",
+            health=False,
+            default=False,
+            hosts=("dead.test",),
+        )
+        live_pool = pool([nodes[0].address], health=False, keepalive_idle_s=0.3)
+        config = origin_config(test_pki, [live_pool, dead])
+        port = int(config.tunnel_listener.address.rpartition(":")[2])
+
+        async def main() -> None:
+            async with origin_in_process(config):
+                connection = await connect(dial_config(test_pki, port))
+
+                def stream(path: str, host: str = "app.test", close: bool = False) -> Any:
+                    io = open_io(
+                        connection, client_address=CLIENT, server_address=SERVER, host=host
+                    )
+                    extra = "Connection: close\r\n" if close else ""
+                    io.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n".encode())
+                    return io
+
+                async def closed_by_backend() -> None:
+                    io = stream("/ip", close=True)
+                    assert (await io.read_all()).startswith(b"HTTP/1.1 200")
+                    io.write_eof()
+
+                async def parked(end: ErrorCode) -> None:  # keep-alive, then IDLE (or not)
+                    io = stream("/ip")
+                    data = b""
+                    while b'"backend"' not in data:
+                        data += await io.read(65536)
+                    io.abort(end)
+
+                async def reset_in_flight() -> None:  # the client vanished mid-request
+                    io = stream("/slow?ms=2000")
+                    await settle(0.1)
+                    io.abort(ErrorCode.CANCEL)
+
+                async def no_backend() -> None:
+                    io = stream("/ip", host="dead.test")
+                    with contextlib.suppress(StreamResetError):
+                        await io.read_all()
+
+                with collector_off():
+                    splices, backends = live(Splice), live(BackendProtocol)
+                    for _ in range(5):
+                        await asyncio.gather(
+                            closed_by_backend(),
+                            parked(ErrorCode.IDLE),
+                            parked(ErrorCode.CANCEL),
+                            reset_in_flight(),
+                            no_backend(),
+                        )
+                    await settle(1.5)  # parked connections expire after 0.3 s
+                    assert live(Splice) == splices
+                    assert live(BackendProtocol) == backends
+                connection.abort()
+
+        run_async(main(), 60)
