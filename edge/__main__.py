@@ -4,7 +4,8 @@ The supervisor loads and checks the configuration, builds the TLS contexts and
 binds the listening sockets, then runs the workers (:mod:`edge.worker`) that
 share them. Signals: SIGTERM/SIGINT drain (stop accepting, finish in-flight
 requests up to ``drain_timeout_s``, GOAWAY the tunnels) and exit; SIGHUP
-reloads certificates without dropping a connection.
+reloads certificates without dropping a connection; SIGUSR1 makes every worker
+log a memory report (:mod:`tunnel.runtime.memory`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from tunnel.aio.transport import parse_host_port
 from tunnel.runtime.admin import AdminServer, HealthReport
 from tunnel.runtime.config import ConfigError, load_config
 from tunnel.runtime.logs import configure_logging
+from tunnel.runtime.memory import MemoryKeeper, tune_gc
 from tunnel.runtime.metrics import cleanup_multiprocess, enable_multiprocess, process_exited
-from tunnel.runtime.workers import Supervisor, WorkerContext, tune_gc
+from tunnel.runtime.workers import Supervisor, WorkerContext
 
 log = logging.getLogger("geoedge.edge")
 
@@ -48,12 +50,15 @@ async def run_worker(
     certificates: CertificateStore,
     sockets: list[tuple[ListenerConfig | None, socket.socket]],
 ) -> None:
-    """One worker: serve until SIGTERM, then drain; SIGHUP reloads certificates."""
+    """One worker: serve until SIGTERM, then drain; SIGHUP reloads certificates,
+    SIGUSR1 logs a memory report."""
     from edge.worker import EdgeWorker
 
     worker = EdgeWorker(config, certificates, sockets)
     await worker.start()
     tune_gc()
+    memory = MemoryKeeper("geoedge_edge", ("edge", "tunnel"))
+    memory.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -61,6 +66,7 @@ async def run_worker(
     loop.add_signal_handler(signal.SIGHUP, worker.reload_certificates)
     await stop.wait()
     await worker.drain()
+    memory.close()
 
 
 def edge_health() -> HealthReport:

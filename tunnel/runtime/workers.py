@@ -17,6 +17,8 @@ loop of its own for the admin listener and the daemon's control plane, and a
   SIGKILLs the stragglers; :meth:`Supervisor.run` returns when all are gone;
 - on SIGHUP calls the daemon's ``on_reload`` in the parent, then forwards SIGHUP
   to the workers (a worker must handle or ignore it: its default is to die);
+- forwards SIGUSR1 to the workers (each logs a memory report,
+  :mod:`tunnel.runtime.memory`; a worker ignores it until it takes it);
 - keeps a *control pipe* to each worker: :meth:`Supervisor.broadcast` sends a
   JSON object per line (the origin sends pool snapshots and drains this way),
   and :func:`listen_control` reads them in the worker. EOF on that pipe tells
@@ -59,7 +61,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import gc
 import json
 import logging
 import os
@@ -80,13 +81,12 @@ __all__ = [
     "WorkerContext",
     "listen_control",
     "resolve_worker_count",
-    "tune_gc",
 ]
 
 log = logging.getLogger("geoedge.workers")
 
 #: Signals whose parent-side handlers a child must not inherit.
-_PARENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
+_PARENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
 #: Bytes of control messages kept for a worker that does not read them; past
 #: this the worker is considered stuck and killed (it will be restarted).
 MAX_CONTROL_BACKLOG = 16 * 1024 * 1024
@@ -185,6 +185,7 @@ class Supervisor:
         loop.add_signal_handler(signal.SIGTERM, self.stop)
         loop.add_signal_handler(signal.SIGINT, self.stop)
         loop.add_signal_handler(signal.SIGHUP, self._on_hup)
+        loop.add_signal_handler(signal.SIGUSR1, self._forward, signal.SIGUSR1)
         self._inherited_fds = _open_fds()
         try:
             for slot in self._slots:
@@ -194,7 +195,7 @@ class Supervisor:
                 self._check_done()
             await self._done
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
                 loop.remove_signal_handler(sig)
             if self._kill_timer is not None:
                 self._kill_timer.cancel()
@@ -363,8 +364,11 @@ class Supervisor:
                 self._on_reload()
             except Exception:
                 log.exception("reload failed")
+        self._forward(signal.SIGHUP)
+
+    def _forward(self, sig: int) -> None:
         for slot in self._slots:
-            self._signal(slot, signal.SIGHUP)
+            self._signal(slot, sig)
 
 
 def _reset_after_fork(inherited_fds: Iterable[int]) -> None:
@@ -374,6 +378,7 @@ def _reset_after_fork(inherited_fds: Iterable[int]) -> None:
     signal.set_wakeup_fd(-1)
     for sig in _PARENT_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a report asked for too early: none
     for fd in inherited_fds:
         try:
             os.close(fd)
@@ -518,14 +523,3 @@ async def listen_control(
         lambda: _ControlReader(on_message, on_parent_gone), pipe
     )
     return transport
-
-
-def tune_gc() -> None:
-    """Call in a worker once it is set up. Freeze what start-up allocated
-    (configs, contexts, modules) so the collector stops re-scanning it, and
-    collect the young generation less often: per-request objects are freed by
-    reference counting, cycles are rare. GC was ~3% of a keep-alive request at
-    the edge and ~5% of a stream at the origin in ``make bench-edge``."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 20)
