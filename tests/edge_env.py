@@ -153,6 +153,7 @@ class Stack:
     procs: Processes
     origin: subprocess.Popen[bytes] | None = None
     origin_admin_port: int = 0
+    origin_log: Path | None = None
 
     def tls_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.pki.ca))
@@ -172,7 +173,13 @@ class Stack:
             conn.close()
 
     def start_origin(self) -> None:
-        self.origin = self.procs.start(self.origin_cmd, cwd=ROOT)
+        if self.origin_log is None:
+            self.origin = self.procs.start(self.origin_cmd, cwd=ROOT)
+        else:
+            with self.origin_log.open("ab") as out:
+                self.origin = self.procs.start(
+                    self.origin_cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+                )
         wait_port(self.origin_port)
 
     def stop_origin(self) -> None:
@@ -289,6 +296,7 @@ def edge_stack(
         test_pki, https_port, admin_port, node_port, origin_port, edge, log, origin_cmd, procs
     )
     s.origin_admin_port = origin_admin_port
+    s.origin_log = tmp / "origin.log"
     try:
         s.start_origin()
         wait_port(https_port)

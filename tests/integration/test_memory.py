@@ -1,15 +1,23 @@
 """Every per-connection object is freed by reference counting when its connection
-closes: no reference cycles on the hot path.
+closes: no reference cycles on the hot path (:mod:`tunnel.runtime.memory`).
 
 - the edge's TLS transport with a protocol that keeps it (every way a
   connection can end), and the origin's splices and backend protocols (every
   way a stream can end), in process with the collector off (:mod:`tests.leaks`);
+- the real daemons: edge, origin and Node.js processes, WebSockets and short
+  connections (aborted handshakes, clients that vanish mid-response), then
+  ``SIGUSR1``: each worker's memory report counts what is still alive of its
+  own classes *before* any collection, and what a full collection then finds.
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
+import os
+import re
+import signal
 import socket
 import ssl
 import struct
@@ -17,12 +25,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from edge.tls_transport import TlsListener, TlsServerTransport
+from loadtests.soak_clients import Outcomes, Target, WebSocketBatch, run_short_mix
 from origin.forward import BackendProtocol, Splice
-from tests.conftest import PkiFiles, run_async
+from tests.conftest import PkiFiles, run_async, scaled
+from tests.edge_env import Stack, edge_stack, node_available
 from tests.integration.origin_harness import (
     CLIENT,
     SERVER,
+    metric_values,
     needs_node,
     node_backends,
     origin_config,
@@ -203,3 +216,85 @@ def test_origin_splices_are_freed_however_their_stream_ends(
                 connection.abort()
 
         run_async(main(), 60)
+
+
+# --------------------------------------------------------------------------- the daemons
+
+
+_REPORT = re.compile(r"memory report pid=(\d+) live=(\{[^}]*\}) .*?unreachable=(\d+|None)")
+
+#: Live instances a class may gain over a load, once every connection closed:
+#: none, give or take a straggler (a backend connection parked a moment longer).
+ALLOWED_GROWTH = 3
+
+
+def memory_report(stack: Stack, log: Path, parent_pid: int) -> tuple[dict[str, int], int]:
+    """SIGUSR1 to a daemon's supervisor; its (one) worker's report: live
+    instances by class, counted before the full collection, and what that found."""
+    offset = log.stat().st_size
+    os.kill(parent_pid, signal.SIGUSR1)
+    deadline = time.monotonic() + scaled(15)
+    while time.monotonic() < deadline:
+        with log.open("rb") as f:
+            f.seek(offset)
+            found = _REPORT.search(f.read().decode(errors="replace"))
+        if found:
+            return ast.literal_eval(found[2]), int(found[3])
+        time.sleep(0.1)
+    raise AssertionError(f"no memory report in {log}:\n{log.read_text()[-2000:]}")
+
+
+def wait_idle(stack: Stack) -> None:
+    """Until the edge has no client connection and the origin no stream open."""
+    deadline = time.monotonic() + scaled(30)
+    while time.monotonic() < deadline:
+        edge = metric_values(stack.metrics(), "geoedge_edge_connections_open")
+        origin = metric_values(stack.origin_metrics(), "geoedge_origin_streams_active")
+        if sum(edge.values()) == 0 and sum(origin.values()) == 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError("connections still open")
+
+
+@with_node
+@pytest.mark.skipif(not node_available(), reason="run `make node` first")
+def test_the_daemons_free_every_connection_they_served(test_pki: PkiFiles, tmp_path: Path) -> None:
+    with edge_stack(test_pki, tmp_path) as stack:
+        assert stack.origin is not None and stack.origin_log is not None
+        target = Target("127.0.0.1", stack.https_port, stack.tls_context(), "localhost")
+        outcomes = Outcomes()
+
+        async def load(websockets: int, short: int) -> None:
+            batch = WebSocketBatch(target, outcomes)
+            await batch.open_many(websockets, concurrency=32)
+            await run_short_mix(target, short, concurrency=16, outcomes=outcomes)
+            await batch.echo_all(concurrency=32)
+            await batch.close_all(concurrency=32)
+
+        run_async(load(20, 20), 60)  # warm-up: first-use caches, pools
+        time.sleep(4)  # parked backend connections expire (keepalive_idle_s 3 s)
+        wait_idle(stack)
+        edge_before, _ = memory_report(stack, stack.log, stack.edge.pid)
+        origin_before, _ = memory_report(stack, stack.origin_log, stack.origin.pid)
+
+        run_async(load(300, 300), 120)
+        assert outcomes.total_failed == 0, outcomes.errors
+        assert outcomes.ok["ws_echo"] == 320 and outcomes.ok["large_then_vanish"] == 32
+        wait_idle(stack)
+        time.sleep(4)
+        edge_after, edge_unreachable = memory_report(stack, stack.log, stack.edge.pid)
+        origin_after, origin_unreachable = memory_report(stack, stack.origin_log, stack.origin.pid)
+
+    for name, before, after in (
+        ("edge", edge_before, edge_after),
+        ("origin", origin_before, origin_after),
+    ):
+        grown = {
+            cls: after[cls] - before.get(cls, 0)
+            for cls in after
+            if after[cls] - before.get(cls, 0) > ALLOWED_GROWTH
+        }
+        assert grown == {}, f"{name}: still alive after every connection closed: {grown}"
+    # Found by the full collection each report runs: nothing the connections left.
+    assert edge_unreachable < 100, edge_unreachable
+    assert origin_unreachable < 100, origin_unreachable
