@@ -144,21 +144,25 @@ class EdgeWorker:
             log.error("certificate reload failed, keeping the old ones: %s", exc)
 
     async def _sweep(self) -> None:
-        http = self.config.http
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             self.tally.publish()
-            now = time.monotonic()
-            for connection in list(self.connections):
-                idle_for = now - connection.last_activity
-                state = connection.state
-                if state == "head" and idle_for > http.header_timeout_s:
-                    connection.close_idle("header timeout")
-                elif state == "idle" and idle_for > http.keepalive_timeout_s:
-                    connection.close_idle("keep-alive timeout")
-                elif state == "tunnel" and idle_for > http.websocket_idle_timeout_s:
-                    connection.close_idle("websocket idle timeout")
+            self._close_timed_out(time.monotonic())
             self._export_tunnel_metrics()
+
+    def _close_timed_out(self, now: float) -> None:
+        # Not inline in _sweep: its loop variable would keep the last connection
+        # alive (the sweep never returns) until the next sweep found another.
+        http = self.config.http
+        for connection in list(self.connections):
+            idle_for = now - connection.last_activity
+            state = connection.state
+            if state == "head" and idle_for > http.header_timeout_s:
+                connection.close_idle("header timeout")
+            elif state == "idle" and idle_for > http.keepalive_timeout_s:
+                connection.close_idle("keep-alive timeout")
+            elif state == "tunnel" and idle_for > http.websocket_idle_timeout_s:
+                connection.close_idle("websocket idle timeout")
 
     def _export_tunnel_metrics(self) -> None:
         metrics.CONNECTIONS_OPEN.set(len(self.connections))

@@ -223,9 +223,8 @@ def test_origin_splices_are_freed_however_their_stream_ends(
 
 _REPORT = re.compile(r"memory report pid=(\d+) live=(\{[^}]*\}) .*?unreachable=(\d+|None)")
 
-#: Live instances a class may gain over a load, once every connection closed:
-#: none, give or take a straggler (a backend connection parked a moment longer).
-ALLOWED_GROWTH = 3
+#: Live instances a class may gain over a load, once every connection closed.
+ALLOWED_GROWTH = 0
 
 
 def memory_report(stack: Stack, log: Path, parent_pid: int) -> tuple[dict[str, int], int]:
