@@ -228,6 +228,10 @@ class MemoryKeeper:
         self._trim_interval_s = trim_interval_s
         self._trim_min_free_bytes = trim_min_free_bytes
         self._last_trim = time.monotonic()
+        heap = heap_statistics()
+        self._free_low = heap.free_bytes if heap is not None else 0
+        """The least free heap seen since the last trim (see :meth:`maintain`)."""
+        self.trims = 0
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unreachable = [0, 0, 0]
@@ -276,13 +280,25 @@ class MemoryKeeper:
         self._timer = self._loop.call_later(self._metrics_interval_s, self._tick)
 
     def maintain(self) -> None:
-        """One round: give freed heap back if it is due and worth it, publish."""
-        now = time.monotonic()
-        if now - self._last_trim >= self._trim_interval_s:
-            self._last_trim = now
-            heap = heap_statistics()
-            if heap is not None and heap.free_bytes >= self._trim_min_free_bytes:
+        """One round: give freed heap back if it is due and worth it, publish.
+
+        Worth it: at least ``trim_min_free_bytes`` were freed since the heap was
+        last that full (its least free bytes since the last trim, seen at each
+        round), so that much may be resident again. Free bytes alone would not
+        do: pages given back stay "free" to glibc, and every round would trim
+        again for nothing."""
+        heap = heap_statistics()
+        if heap is not None:
+            self._free_low = min(self._free_low, heap.free_bytes)
+            now = time.monotonic()
+            if (
+                now - self._last_trim >= self._trim_interval_s
+                and heap.free_bytes - self._free_low >= self._trim_min_free_bytes
+            ):
+                self._last_trim = now
+                self.trims += 1
                 self._returned_total += give_back_heap()
+                self._free_low = heap.free_bytes
         self._tasks.set(len(asyncio.all_tasks()))
         self._rss.set(resident_bytes())
         self._fds.set(open_fds())
