@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
 
-.PHONY: venv node test lint demo bench-tunnel bench-edge bench-tls-floor wan apt-base clean
+.PHONY: venv node test lint demo bench-tunnel bench-edge bench-tls-floor wan soak apt-base clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy) and the WAN emulator (iptables, libnetfilter-queue).
@@ -71,6 +71,10 @@ bench-tls-floor: $(STAMPS)/py-load node
 
 wan: $(STAMPS)/py-load node
 	$(PY) -m loadtests.wan.run
+
+# 30 minutes by default; e.g. make soak SOAK_ARGS="--websockets 9000 --cycles 3"
+soak: $(STAMPS)/py-load node
+	$(PY) -m loadtests.soak $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) $(NODE_APP)/node_modules
