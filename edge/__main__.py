@@ -7,7 +7,9 @@ Signals: SIGTERM/SIGINT drain (``/healthz`` answers 503 from then on; stop
 accepting, finish in-flight requests up to ``drain_timeout_s``, GOAWAY the
 tunnels) and exit; SIGHUP reloads certificates and OCSP responses without
 dropping a connection, in the supervisor first (so a worker it starts later
-serves the current ones), then in the workers.
+serves the current ones), then in the workers; SIGUSR1 reopens the access log
+(logrotate's postrotate); SIGUSR2 makes every worker log a memory report
+(:mod:`tunnel.runtime.memory`).
 
 Exit status: 0 after a clean stop, 2 for a bad config or file (one line per
 problem, naming the file and the setting), 1 when an address cannot be bound.
@@ -37,6 +39,7 @@ from tunnel.aio.transport import dial_ssl_context, parse_host_port
 from tunnel.runtime.admin import AdminServer, HealthReport
 from tunnel.runtime.config import ConfigError, load_config
 from tunnel.runtime.logs import configure_logging
+from tunnel.runtime.memory import MemoryKeeper, tune_gc
 from tunnel.runtime.metrics import cleanup_multiprocess, enable_multiprocess, process_exited
 from tunnel.runtime.preflight import (
     FileCheck,
@@ -46,7 +49,7 @@ from tunnel.runtime.preflight import (
     run_as,
 )
 from tunnel.runtime.version import add_version_option
-from tunnel.runtime.workers import Supervisor, WorkerContext, tune_gc
+from tunnel.runtime.workers import Supervisor, WorkerContext
 
 log = logging.getLogger("geoedge.edge")
 
@@ -119,12 +122,15 @@ def _bind(setting: str, address: str) -> socket.socket:
 
 
 async def run_worker(config: EdgeConfig, certificates: CertificateStore, sockets: Sockets) -> None:
-    """One worker: serve until SIGTERM, then drain; SIGHUP reloads certificates."""
+    """One worker: serve until SIGTERM, then drain; SIGHUP reloads certificates,
+    SIGUSR1 reopens the access log, SIGUSR2 logs a memory report."""
     from edge.worker import EdgeWorker
 
     worker = EdgeWorker(config, certificates, sockets)
     await worker.start()
     tune_gc()
+    memory = MemoryKeeper("geoedge_edge", ("edge", "tunnel"))
+    memory.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -133,6 +139,7 @@ async def run_worker(config: EdgeConfig, certificates: CertificateStore, sockets
     loop.add_signal_handler(signal.SIGUSR1, worker.reopen_logs)
     await stop.wait()
     await worker.drain()
+    memory.close()
 
 
 def edge_health(draining: bool) -> HealthReport:

@@ -17,6 +17,7 @@ its own: exact for HTTP/1.1, an upper bound for HTTP/2.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
@@ -37,7 +38,13 @@ class OutputLedger:
     __slots__ = ("_log", "_transport", "_unflushed", "queued")
 
     def __init__(self, log: Callable[[Logged, int], None]) -> None:
-        self._log = log  # (record, octets of its response the client was sent)
+        # (record, octets of its response the client was sent). ``log`` is the
+        # front end's bound method and the front end holds this ledger: held
+        # weakly, or every connection would be a reference cycle (and outlive
+        # its close until a full collection, which the daemons almost never run).
+        # The front end settles the ledger when its connection ends, so nothing
+        # is left to log once it is gone.
+        self._log = weakref.WeakMethod(log)  # type: ignore[arg-type]
         self._transport: asyncio.Transport | None = None
         self._unflushed: deque[Logged] = deque()
         self.queued = 0
@@ -97,4 +104,6 @@ class OutputLedger:
             got_out = self.sent_for(record)
             if got_out < record.bytes_out and record.outcome == "ok":
                 record.outcome = "client_closed"
-            self._log(record, got_out)
+            log = self._log()
+            if log is not None:
+                log(record, got_out)

@@ -164,7 +164,7 @@ class TlsServerTransport(asyncio.Transport):
         self._write_progress = 0.0
         self._sock = sock
         self._fd = sock.fileno()
-        self._protocol = protocol
+        self._protocol: asyncio.Protocol | None = protocol
         self._state = _HANDSHAKE
         self._closing = False
         self._eof_seen = False  # the client closed its side: nothing more to read
@@ -237,13 +237,13 @@ class TlsServerTransport(asyncio.Transport):
         self._state = _OPEN
         self._cancel_timer()
         self.handshake_seconds = self._loop.time() - self.handshake_seconds
-        self._protocol.connection_made(self)
+        self._protocol.connection_made(self)  # type: ignore[union-attr]
         if self._state == _OPEN:
             self._read()
 
     def _read(self) -> None:
         tls = self._tls
-        protocol = self._protocol
+        protocol: asyncio.Protocol = self._protocol  # type: ignore[assignment]  # set while open
         while self._reading and self._state == _OPEN:
             try:
                 data = tls.read(READ_BYTES)
@@ -304,7 +304,7 @@ class TlsServerTransport(asyncio.Transport):
                 return
         if self._paused_writing:
             self._paused_writing = False
-            self._protocol.resume_writing()  # may write more, or close
+            self._protocol.resume_writing()  # type: ignore[union-attr]  # may write more, or close
             if self._state != _OPEN or self._wbuf:
                 return  # what it wrote is queued and retried like the rest
         if self._closing:
@@ -378,7 +378,7 @@ class TlsServerTransport(asyncio.Transport):
         self._buffered += len(chunk)
         if not self._paused_writing and self._buffered > WRITE_HIGH_WATER:
             self._paused_writing = True
-            self._protocol.pause_writing()
+            self._protocol.pause_writing()  # type: ignore[union-attr]
 
     def writelines(self, list_of_data: Any) -> None:
         self.write(b"".join(list_of_data))
@@ -448,7 +448,7 @@ class TlsServerTransport(asyncio.Transport):
         raise NotImplementedError("TLS connections cannot half-close")
 
     def get_protocol(self) -> asyncio.BaseProtocol:
-        return self._protocol
+        return self._protocol  # type: ignore[return-value]  # None once connection_lost ran
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self._protocol = protocol  # type: ignore[assignment]
@@ -550,7 +550,15 @@ class TlsServerTransport(asyncio.Transport):
         if on_closed is not None:
             on_closed()
         if notify and was_open:
-            self._loop.call_soon(self._protocol.connection_lost, exc)
+            self._loop.call_soon(self._call_connection_lost, exc)
+
+    def _call_connection_lost(self, exc: Exception | None) -> None:
+        # The protocol holds this transport: letting go of it once it has heard
+        # the end (as asyncio's transports do) leaves no cycle, so reference
+        # counting frees both the moment the loop drops the last callback.
+        protocol, self._protocol = self._protocol, None
+        if protocol is not None:
+            protocol.connection_lost(exc)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

@@ -212,10 +212,14 @@ class EdgeWorker:
             self.tally.publish()
             if self.access_log is not None:  # a quiet edge's last lines within a second
                 self.access_log.flush()
-            now = time.monotonic()
-            for connection in list(self.connections):
-                connection.sweep(now)
+            self._sweep_connections(time.monotonic())
             self._export_tunnel_metrics()
+
+    def _sweep_connections(self, now: float) -> None:
+        # Not inline in _sweep: its loop variable would keep the last connection
+        # alive (the sweep never returns) until the next sweep found another.
+        for connection in list(self.connections):
+            connection.sweep(now)
 
     def _export_tunnel_metrics(self) -> None:
         metrics.CONNECTIONS_OPEN.set(len(self.connections))

@@ -55,13 +55,14 @@ from origin.state import UnknownBackend
 from tunnel.aio.transport import listener_ssl_context, parse_host_port
 from tunnel.runtime.admin import AdminServer, HealthReport
 from tunnel.runtime.config import ConfigError
+from tunnel.runtime.memory import MemoryKeeper, tune_gc
 from tunnel.runtime.metrics import (
     cleanup_multiprocess,
     enable_multiprocess,
     process_exited,
 )
 from tunnel.runtime.preflight import ListenError
-from tunnel.runtime.workers import Supervisor, WorkerContext, listen_control, tune_gc
+from tunnel.runtime.workers import Supervisor, WorkerContext, listen_control
 
 __all__ = ["OriginDaemon", "bind_listener"]
 
@@ -293,8 +294,11 @@ class OriginDaemon:
         await worker.start(sock=self._sock, ssl_context=self._ssl, tls_audit=self._audit)
         pipe = await listen_control(context, worker.on_control, stopping.set)
         tune_gc()
+        memory = MemoryKeeper("geoedge_origin", ("origin", "tunnel"))
+        memory.start()  # SIGUSR2: a memory report
         log.info("worker %d serving on %s", context.index, self.config.tunnel_listener.address)
         await stopping.wait()
         await worker.shutdown()
+        memory.close()
         pipe.close()
         return 0

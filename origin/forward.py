@@ -138,8 +138,13 @@ class Splice(asyncio.Protocol):
             elif not (getattr(exc, "code", None) == ErrorCode.IDLE and self._park()):
                 _reset(backend)
         elif self.connect_task is not None:
-            self.connect_task.cancel()
+            task, self.connect_task = self.connect_task, None
+            task.cancel()  # its CancelledError's frames hold this splice: no way back
         self.on_finished(self, exc)
+        # The backend connection's protocol points back here until its transport
+        # closes (and a parked one is no longer ours): dropping our side leaves no
+        # cycle, so reference counting frees the splice with its stream.
+        self.backend_protocol = None
 
     def _park(self) -> bool:
         """The edge ended the stream between exchanges (RESET IDLE): offer the

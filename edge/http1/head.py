@@ -36,6 +36,41 @@ class _TooManyHeaders(Exception):
     """Raised from inside an llhttp callback to stop parsing at once."""
 
 
+class _Callbacks:
+    """llhttp's callbacks for one head, and what they collect.
+
+    A parser keeps its callbacks (bound methods) for its whole life. With the
+    :class:`HeadParser` itself as the callbacks object, the two would hold each
+    other: a cycle that only the cyclic collector frees, left behind by every
+    connection that ends mid-head or with a rejected head. Here it is one way,
+    HeadParser → parser → callbacks, and reference counting frees all three.
+    """
+
+    __slots__ = ("complete", "headers", "max_headers", "reason", "target")
+
+    def __init__(self, max_headers: int) -> None:
+        self.max_headers = max_headers
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.target = b""
+        self.reason = b""
+        self.complete = False
+
+    def on_url(self, url: bytes) -> None:
+        self.target += url
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        headers = self.headers
+        headers.append((name, value))
+        if len(headers) > self.max_headers:
+            raise _TooManyHeaders  # stops llhttp; _feed_llhttp maps it to 431
+
+    def on_headers_complete(self) -> None:
+        self.complete = True
+
+
 class HeadParser:
     """Parses one head incrementally; :meth:`feed` returns where the head ended.
 
@@ -44,7 +79,7 @@ class HeadParser:
     """
 
     __slots__ = (
-        "_complete",
+        "_callbacks",
         "_fed",
         "_is_response",
         "_keep_raw",
@@ -71,7 +106,7 @@ class HeadParser:
         self._line_done = False
         self._tail = b""
         self._raw: list[bytes] = []
-        self._complete = False
+        self._callbacks: _Callbacks | None = None
         self._parser: httptools.HttpRequestParser | httptools.HttpResponseParser | None = None
         self.headers: list[tuple[bytes, bytes]] = []
         self.method = b""
@@ -141,11 +176,13 @@ class HeadParser:
             raise MessageRejected(400, "start line ends in a bare LF")
         if LINE_FORBIDDEN_RE.search(line, 0, len(line) - 2) is not None:
             raise MessageRejected(400, "invalid byte in the start line")
+        callbacks = self._callbacks = _Callbacks(self._limits.max_headers)
+        self.headers = callbacks.headers  # one list, filled by llhttp's callbacks
         parser: httptools.HttpRequestParser | httptools.HttpResponseParser
         if self._is_response:
-            parser = httptools.HttpResponseParser(self)
+            parser = httptools.HttpResponseParser(callbacks)
         else:
-            parser = httptools.HttpRequestParser(self)
+            parser = httptools.HttpRequestParser(callbacks)
         self._parser = parser
         try:
             parser.feed_data(line)
@@ -207,12 +244,16 @@ class HeadParser:
         if self._keep_raw:
             self._raw.append(chunk)
         self._feed_llhttp(chunk)
+        callbacks = self._callbacks
+        assert callbacks is not None
         if end < 0:
-            if self._complete:
+            if callbacks.complete:
                 raise MessageRejected(400, "head ended without CRLFCRLF")
             return -1
-        if not self._complete:
+        if not callbacks.complete:
             raise MessageRejected(400, "malformed head")
+        self.target = callbacks.target
+        self.reason = callbacks.reason
         self._parser = None
         return end
 
@@ -224,7 +265,7 @@ class HeadParser:
         except httptools.HttpParserUpgrade:
             pass  # llhttp stops after the head of an upgrade / CONNECT; so do we
         except httptools.HttpParserError as exc:
-            if self._complete and self.status == 101:
+            if self._callbacks.complete and self.status == 101:  # type: ignore[union-attr]
                 return  # llhttp pauses on any 101; the handshake check is ours (.websocket)
             if len(self.headers) > self._limits.max_headers:
                 raise MessageRejected(431, "too many header fields") from None
@@ -233,20 +274,3 @@ class HeadParser:
     def _check_budget(self, extra: int) -> None:
         if self._fed + len(self._line) + extra > self._limits.max_header_bytes:
             raise MessageRejected(431, "head too large")
-
-    # llhttp callbacks ------------------------------------------------------------
-
-    def on_url(self, url: bytes) -> None:
-        self.target += url
-
-    def on_status(self, reason: bytes) -> None:
-        self.reason += reason
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        headers = self.headers
-        headers.append((name, value))
-        if len(headers) > self._limits.max_headers:
-            raise _TooManyHeaders  # stops llhttp; _feed_llhttp maps it to 431
-
-    def on_headers_complete(self) -> None:
-        self._complete = True

@@ -67,6 +67,7 @@ def serving_worker(
     ignore_term: bool = False,
     parent_fd: tuple[int, int] | None = None,
     report_fds: bool = False,
+    usr1: bool = False,
 ):
     """A worker that reports its life and every control message to ``path``
     (and, with ``report_fds``, what its descriptors refer to, before it starts)."""
@@ -80,6 +81,11 @@ def serving_worker(
             else:
                 loop.add_signal_handler(signal.SIGTERM, lambda: None)
             loop.add_signal_handler(signal.SIGHUP, lambda: report(path, f"hup {context.index}"))
+            if usr1:
+                for sig in (signal.SIGUSR1, signal.SIGUSR2):
+                    loop.add_signal_handler(
+                        sig, lambda s=int(sig): report(path, f"usr {s} {context.index}")
+                    )
             if parent_fd is not None:  # (fd, inode): the number itself may be reused
                 try:
                     same = os.fstat(parent_fd[0]).st_ino == parent_fd[1]
@@ -149,6 +155,39 @@ def test_workers_start_get_messages_and_stop_on_sigterm(tmp_path: Path) -> None:
     assert all(line.split()[3] == str(os.getpid()) for line in started(path))
     assert sorted(code for _, code in exits) == [0, 0]
     assert supervisor.statistics().running == 0 and supervisor.statistics().restarts == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2])
+def test_sigusr_reaches_the_workers_and_kills_none(tmp_path: Path, sig: int) -> None:
+    # The daemons' workers reopen logs on SIGUSR1 and log a memory report on
+    # SIGUSR2; one that does not take the signal (or not yet) must ignore it,
+    # not die of it.
+    path = tmp_path / "report"
+    takes_it, does_not = serving_worker(path, usr1=True), serving_worker(path)
+
+    def worker(context: WorkerContext) -> int:
+        return (takes_it if context.index == 0 else does_not)(context)
+
+    exits: list[int] = []
+    supervisor = Supervisor(
+        worker, workers=2, restart_backoff=FAST, on_worker_exit=lambda pid, code: exits.append(code)
+    )
+
+    async def main() -> None:
+        task = asyncio.get_running_loop().create_task(supervisor.run())
+        try:
+            await until(lambda: len(started(path)) == 2)
+            os.kill(os.getpid(), sig)
+            await until(lambda: f"usr {int(sig)} 0" in lines(path))
+            await asyncio.sleep(0.2)
+            assert supervisor.statistics().running == 2
+            assert supervisor.statistics().restarts == 0
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.wait_for(task, 10)
+
+    run_async(main(), 20)
+    assert sorted(exits) == [0, 0]
 
 
 def test_a_dead_worker_is_restarted_with_backoff(tmp_path: Path) -> None:

@@ -211,8 +211,12 @@ class TunnelStream(asyncio.Transport):
         self._closed = True
         self._held.clear()
         self._connection._stream_gone(self.stream_id)
-        if self._protocol is not None:
-            self._protocol.connection_lost(exc)
+        # The protocol usually holds this stream (as asyncio protocols hold their
+        # transport): letting go of it here, as asyncio's own transports do after
+        # connection_lost, leaves no cycle, so reference counting frees both.
+        protocol, self._protocol = self._protocol, None
+        if protocol is not None:
+            protocol.connection_lost(exc)
 
 
 class StreamIO(asyncio.Protocol):

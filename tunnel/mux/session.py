@@ -127,16 +127,6 @@ class Session(InboundFrames):
         self.terminated = False
         self._bytes_sent = 0
         self._bytes_received = 0
-        self._handlers = {
-            FrameType.HELLO: self._on_hello,
-            FrameType.SETTINGS: self._on_settings,
-            FrameType.OPEN: self._on_open,
-            FrameType.WINDOW_UPDATE: self._on_window_update,
-            FrameType.RESET: self._on_reset,
-            FrameType.PING: self._on_ping,
-            FrameType.PONG: self._on_pong,
-            FrameType.GOAWAY: self._on_goaway,
-        }
 
     # ------------------------------------------------------------------ receive
 
@@ -163,7 +153,7 @@ class Session(InboundFrames):
         return events
 
     def _dispatch_frames(self, raw_frames: list[RawFrame], now: float, events: list[Event]) -> None:
-        handlers = self._handlers
+        handlers = _HANDLERS
         for frame_type, flags, stream_id, payload in raw_frames:
             if not self.established and frame_type != FrameType.HELLO:
                 raise ProtocolError("first frame is not HELLO")
@@ -173,7 +163,7 @@ class Session(InboundFrames):
                 else:
                     handler = handlers.get(frame_type)
                     if handler is not None:  # unknown types are ignored (§5)
-                        handler(stream_id, flags, payload, now, events)
+                        handler(self, stream_id, flags, payload, now, events)
             except StreamError as exc:
                 self._charge(Cost.STREAM_ERROR, now)
                 self._reset_and_report(exc.stream_id, exc.code, events, remote=False)
@@ -535,6 +525,21 @@ class Session(InboundFrames):
             established=self.established,
             closing=self.closing,
         )
+
+
+#: Control frame handlers by type, as plain functions of the session. Not bound
+#: methods kept on each session: those would make every session a reference
+#: cycle, left behind by each closed tunnel connection until a full collection.
+_HANDLERS = {
+    FrameType.HELLO: Session._on_hello,
+    FrameType.SETTINGS: Session._on_settings,
+    FrameType.OPEN: Session._on_open,
+    FrameType.WINDOW_UPDATE: Session._on_window_update,
+    FrameType.RESET: Session._on_reset,
+    FrameType.PING: Session._on_ping,
+    FrameType.PONG: Session._on_pong,
+    FrameType.GOAWAY: Session._on_goaway,
+}
 
 
 def _public_reason(code: int) -> str:

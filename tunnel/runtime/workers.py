@@ -19,6 +19,9 @@ loop of its own for the admin listener and the daemon's control plane, and a
   to the workers (a worker must handle or ignore it: its default is to die),
   unless ``on_reload`` returned False (the parent found the new files bad and
   said so once: the workers keep what they have);
+- forwards SIGUSR1 (reopen logs) and SIGUSR2 (log a memory report,
+  :mod:`tunnel.runtime.memory`) to the workers; a worker ignores both until it
+  takes them;
 - keeps a *control pipe* to each worker: :meth:`Supervisor.broadcast` sends a
   JSON object per line (the origin sends pool snapshots and drains this way),
   and :func:`listen_control` reads them in the worker. EOF on that pipe tells
@@ -61,7 +64,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import gc
 import json
 import logging
 import os
@@ -82,13 +84,14 @@ __all__ = [
     "WorkerContext",
     "listen_control",
     "resolve_worker_count",
-    "tune_gc",
 ]
 
 log = logging.getLogger("geoedge.workers")
 
 #: Signals whose parent-side handlers a child must not inherit.
-_PARENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
+_PARENT_SIGNALS = (
+    signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD,
+)  # fmt: skip
 #: Bytes of control messages kept for a worker that does not read them; past
 #: this the worker is considered stuck and killed (it will be restarted).
 MAX_CONTROL_BACKLOG = 16 * 1024 * 1024
@@ -187,7 +190,8 @@ class Supervisor:
         loop.add_signal_handler(signal.SIGTERM, self.stop)
         loop.add_signal_handler(signal.SIGINT, self.stop)
         loop.add_signal_handler(signal.SIGHUP, self._on_hup)
-        loop.add_signal_handler(signal.SIGUSR1, self._on_usr1)
+        loop.add_signal_handler(signal.SIGUSR1, self._forward, signal.SIGUSR1)
+        loop.add_signal_handler(signal.SIGUSR2, self._forward, signal.SIGUSR2)
         self._inherited_fds = _open_fds()
         try:
             for slot in self._slots:
@@ -197,7 +201,7 @@ class Supervisor:
                 self._check_done()
             await self._done
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+            for sig in _PARENT_SIGNALS[:-1]:  # all but SIGCHLD, never handled here
                 loop.remove_signal_handler(sig)
             if self._kill_timer is not None:
                 self._kill_timer.cancel()
@@ -360,11 +364,6 @@ class Supervisor:
             except ProcessLookupError:
                 pass
 
-    def _on_usr1(self) -> None:
-        """SIGUSR1 (logrotate's postrotate): the workers reopen their logs."""
-        for slot in self._slots:
-            self._signal(slot, signal.SIGUSR1)
-
     def _on_hup(self) -> None:
         if self._on_reload is not None:
             try:
@@ -372,8 +371,11 @@ class Supervisor:
                     return
             except Exception:
                 log.exception("reload failed")
+        self._forward(signal.SIGHUP)
+
+    def _forward(self, sig: int) -> None:
         for slot in self._slots:
-            self._signal(slot, signal.SIGHUP)
+            self._signal(slot, sig)
 
 
 def _reset_after_fork(inherited_fds: Iterable[int]) -> None:
@@ -383,6 +385,9 @@ def _reset_after_fork(inherited_fds: Iterable[int]) -> None:
     signal.set_wakeup_fd(-1)
     for sig in _PARENT_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
+    # A log reopen or memory report asked for before the worker takes it: none.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     for fd in inherited_fds:
         try:
             os.close(fd)
@@ -527,14 +532,3 @@ async def listen_control(
         lambda: _ControlReader(on_message, on_parent_gone), pipe
     )
     return transport
-
-
-def tune_gc() -> None:
-    """Call in a worker once it is set up. Freeze what start-up allocated
-    (configs, contexts, modules) so the collector stops re-scanning it, and
-    collect the young generation less often: per-request objects are freed by
-    reference counting, cycles are rare. GC was ~3% of a keep-alive request at
-    the edge and ~5% of a stream at the origin in ``make bench-edge``."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 20)

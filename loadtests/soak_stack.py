@@ -1,0 +1,255 @@
+"""The servers of ``make soak``: Node.js backends, the origin and the edge (one
+worker each, JSON logs), started as child processes and stopped by PID.
+
+Not pinned to a CPU (the soak measures memory, not speed). What is sampled of
+them: each daemon's worker process (RSS and open descriptors from ``/proc``,
+asyncio tasks and open connections from its admin ``/metrics``), and on request
+the memory report its worker logs on ``SIGUSR2`` (:mod:`tunnel.runtime.memory`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadtests import edge_stack
+from loadtests.edge_stack import Pki, StackError, children, free_port, tail
+
+ROOT = edge_stack.ROOT
+NODE_APP = edge_stack.NODE_APP
+
+
+@dataclass(frozen=True, slots=True)
+class Ports:
+    nodes: tuple[int, ...]
+    edge: int
+    edge_admin: int
+    tunnel: int
+    origin_admin: int
+
+    @classmethod
+    def allocate(cls, backends: int) -> Ports:
+        return cls(
+            tuple(free_port() for _ in range(backends)),
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+        )
+
+
+def edge_toml(keys: Pki, ports: Ports) -> str:
+    """One worker, no access log (thousands of lines a second otherwise)."""
+    return f"""
+[edge]
+id = "soak-edge"
+workers = 1
+drain_timeout_s = 2.0
+
+[[listeners]]
+address = "127.0.0.1:{ports.edge}"
+
+[tls]
+[[tls.certificates]]
+cert = "{keys.server.cert}"
+key = "{keys.server.key}"
+
+[http]
+access_log = ""
+
+[admin]
+address = "127.0.0.1:{ports.edge_admin}"
+
+[[origins]]
+name = "soak-origin"
+[origins.tunnel]
+address = "127.0.0.1:{ports.tunnel}"
+server_name = "localhost"
+cert = "{keys.edge.cert}"
+key = "{keys.edge.key}"
+ca = "{keys.ca}"
+"""
+
+
+def origin_toml(keys: Pki, ports: Ports) -> str:
+    backends = "".join(
+        f'[[pools.backends]]\naddress = "127.0.0.1:{port}"\n' for port in ports.nodes
+    )
+    return f"""
+[origin]
+id = "soak-origin"
+workers = 1
+drain_timeout_s = 2.0
+log_level = "warning"
+
+[tunnel_listener]
+address = "127.0.0.1:{ports.tunnel}"
+cert = "{keys.origin.cert}"
+key = "{keys.origin.key}"
+ca = "{keys.ca}"
+allowed_identities = ["bench-edge"]
+
+[admin]
+address = "127.0.0.1:{ports.origin_admin}"
+
+[[pools]]
+name = "node"
+default = true
+[pools.health]
+path = "/health"
+interval_s = 2.0
+{backends}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessFacts:
+    rss_kib: int
+    open_fds: int
+
+
+def process_facts(pid: int) -> ProcessFacts:
+    return ProcessFacts(edge_stack.rss_kib(pid), edge_stack.open_fds(pid))
+
+
+def metric_sum(text: str, name: str) -> float:
+    """The sum of every sample of one series family in the Prometheus text format."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            total += float(line.rpartition(" ")[2])
+    return total
+
+
+class SoakStack:
+    """Node backends, origin and edge. :meth:`stop` is idempotent."""
+
+    def __init__(self, workdir: Path, backends: int = 2) -> None:
+        self.workdir = workdir
+        self.ports = Ports.allocate(backends)
+        self.keys = edge_stack.make_pki(workdir / "pki")
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.workers: dict[str, int] = {}
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        for index, port in enumerate(self.ports.nodes):
+            node = self._spawn(f"node{index}", ["node", str(NODE_APP), str(port)])
+            edge_stack.wait_port(port, deadline, node, self.log(f"node{index}"))
+        (self.workdir / "origin.toml").write_text(origin_toml(self.keys, self.ports))
+        (self.workdir / "edge.toml").write_text(edge_toml(self.keys, self.ports))
+        python = [sys.executable, "-m"]
+        origin = self._spawn(
+            "origin", [*python, "origin", "--config", str(self.workdir / "origin.toml")], env=env
+        )
+        edge = self._spawn(
+            "edge",
+            [
+                *python,
+                "edge",
+                "--config",
+                str(self.workdir / "edge.toml"),
+                "--log-level",
+                "warning",
+            ],
+            env=env,
+        )
+        edge_stack.wait_port(self.ports.tunnel, deadline, origin, self.log("origin"))
+        edge_stack.wait_port(self.ports.edge, deadline, edge, self.log("edge"))
+        edge_stack.wait_healthy(self.ports.edge_admin, deadline, "the edge", self.log("edge"))
+        for name in ("edge", "origin"):
+            self.workers[name] = self._worker(name, deadline)
+
+    def log(self, name: str) -> Path:
+        return self.workdir / f"{name}.log"
+
+    def _spawn(self, name: str, argv: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+        log = open(self.log(name), "wb")  # noqa: SIM115 - the child holds it
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                start_new_session=True,  # a Ctrl-C at the terminal reaches the soak only
+                **kw,
+            )
+        finally:
+            log.close()
+        self.procs[name] = proc
+        return proc
+
+    def _worker(self, name: str, deadline: float) -> int:
+        while time.monotonic() < deadline:
+            found = children(self.procs[name].pid)
+            if len(found) == 1:
+                return found[0]
+            time.sleep(0.05)
+        raise StackError(f"{name}: expected one worker process:\n{tail(self.log(name))}")
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise StackError(f"{name} exited with {proc.returncode}:\n{tail(self.log(name))}")
+        for name, pid in self.workers.items():
+            if not Path(f"/proc/{pid}").exists():
+                raise StackError(f"{name}'s worker {pid} is gone:\n{tail(self.log(name))}")
+
+    def facts(self, name: str) -> ProcessFacts:
+        return process_facts(self.workers[name])
+
+    def metrics(self, name: str) -> str:
+        port = self.ports.edge_admin if name == "edge" else self.ports.origin_admin
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            conn.request("GET", "/metrics")
+            return conn.getresponse().read().decode()
+        finally:
+            conn.close()
+
+    def memory_report(self, name: str, timeout_s: float = 30.0) -> dict[str, Any]:
+        """``SIGUSR2`` to the daemon; the report its worker logs (JSON)."""
+        log = self.log(name)
+        offset = log.stat().st_size
+        os.kill(self.procs[name].pid, signal.SIGUSR2)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with log.open("rb") as f:
+                f.seek(offset)
+                for line in f.read().splitlines():
+                    with contextlib.suppress(ValueError):
+                        record = json.loads(line)
+                        if record.get("msg") == "memory report":
+                            return record  # type: ignore[no-any-return]
+            time.sleep(0.1)
+        raise StackError(f"{name}: no memory report in {log}:\n{tail(log)}")
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.05, deadline - time.monotonic()))
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for pid in self.workers.values():  # orphaned by a parent that had to be killed
+            with contextlib.suppress(OSError):
+                if b"python" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
+        self.procs.clear()
+        self.workers.clear()
