@@ -204,7 +204,10 @@ def test_hsts_on_backend_responses_and_on_the_edges_own(test_pki: PkiFiles, tmp_
             stack, b"GET /ip HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
         )
         lines = answer.split(b"\r\n\r\n", 1)[0].split(b"\r\n")
-        assert lines[1] == f"Strict-Transport-Security: {HSTS}".encode()  # ahead of the backend's
+        # The edge's own fields come first (request id, then HSTS), ahead of the backend's.
+        assert lines[1].startswith(b"X-Request-Id: ")
+        assert lines[2] == f"Strict-Transport-Security: {HSTS}".encode()
+        assert lines.count(f"Strict-Transport-Security: {HSTS}".encode()) == 1
         bad = _raw_response(stack, b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n")
         assert bad.startswith(b"HTTP/1.1 400 ")
         assert f"\r\nStrict-Transport-Security: {HSTS}\r\n".encode() in bad.split(b"\r\n\r\n")[0]
