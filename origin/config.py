@@ -65,6 +65,10 @@ class OriginSection:
     """debug, info, warning or error."""
     log_json: bool = True
     """JSON lines on stderr (journald); false for a plain line at a terminal."""
+    access_log: str = "-"
+    """One JSON line per stream (request), joined to the edge's by ``request_id``:
+    a file path (reopened on SIGUSR1, for logrotate), ``-`` for stdout, or ``""``
+    for none."""
 
     def __post_init__(self) -> None:
         if self.workers < 0:

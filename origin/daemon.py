@@ -38,6 +38,7 @@ import logging
 import signal
 import socket
 import ssl
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -52,24 +53,35 @@ from origin.metrics import ControlMetrics, WorkerMetrics
 from origin.server import OriginWorker
 from origin.snapshot import PoolSnapshot, encode_snapshots
 from origin.state import UnknownBackend
+from origin.status import OriginStatus
 from tunnel.aio.transport import listener_ssl_context, parse_host_port
 from tunnel.runtime.admin import AdminServer, HealthReport
 from tunnel.runtime.config import ConfigError
+from tunnel.runtime.logs import AccessLog
 from tunnel.runtime.memory import MemoryKeeper, tune_gc
 from tunnel.runtime.metrics import (
     cleanup_multiprocess,
     enable_multiprocess,
+    merged_families,
     process_exited,
 )
 from tunnel.runtime.preflight import ListenError
+from tunnel.runtime.status_window import MetricsWindow
 from tunnel.runtime.workers import Supervisor, WorkerContext, listen_control
 
-__all__ = ["OriginDaemon", "bind_listener"]
+__all__ = ["OriginDaemon", "bind_listener", "open_access_log"]
 
 log = logging.getLogger("geoedge.origin")
 
 #: Grace after the drain deadline before the parent SIGKILLs a worker.
 KILL_GRACE_S = 5.0
+
+
+def open_access_log(config: OriginConfig) -> AccessLog | None:
+    target = config.origin.access_log
+    if not target:
+        return None
+    return AccessLog(sys.stdout if target == "-" else target, edge_id=None)
 
 
 def bind_listener(address: str) -> socket.socket:
@@ -133,7 +145,12 @@ class OriginDaemon:
         if self.in_process:
             worker_metrics = WorkerMetrics()
             registries.append(worker_metrics.registry)
-            self.worker = OriginWorker(config, self.control.snapshots, metrics=worker_metrics)
+            self.worker = OriginWorker(
+                config,
+                self.control.snapshots,
+                metrics=worker_metrics,
+                access_log=open_access_log(config),
+            )
         else:
             self.supervisor = Supervisor(
                 self._worker_main,
@@ -143,8 +160,18 @@ class OriginDaemon:
                 on_worker_exit=self._on_worker_exit,
                 parent_fds=self._parent_fds,
             )
+        status = OriginStatus(
+            config.origin.id,
+            MetricsWindow(lambda: merged_families(registries)),
+            self.control,
+            self._worker_counts,
+        )
         self.admin = AdminServer(
-            config.admin.address, health=self.health, registries=registries, routes=self._routes()
+            config.admin.address,
+            health=self.health,
+            registries=registries,
+            routes=self._routes(),
+            status=status,
         )
         try:
             await self.control.start()
@@ -273,9 +300,20 @@ class OriginDaemon:
             changed = self.control.drain(pool, address, drained)
         except UnknownBackend as exc:
             return web.json_response({"error": str(exc.args[0])}, status=404)
+        if request.content_type == "application/x-www-form-urlencoded":
+            # The status page's button (an HTML form): back to the page.
+            raise web.HTTPSeeOther("/status")
         return web.json_response(
             {"pool": pool, "backend": address, "drained": drained, "changed": changed}
         )
+
+    def _worker_counts(self) -> tuple[int, int, bool]:
+        """(running, wanted, draining), for the status page."""
+        if self.supervisor is not None:
+            stats = self.supervisor.statistics()
+            return stats.running, stats.target, stats.stopping
+        draining = self.worker is not None and self.worker.statistics().draining
+        return 1, 1, draining
 
     # -- worker process ----------------------------------------------------------------
 
@@ -286,11 +324,20 @@ class OriginDaemon:
     async def _worker_process(self, context: WorkerContext) -> int:
         assert self.control is not None
         loop = asyncio.get_running_loop()
-        worker = OriginWorker(self.config, self.control.snapshots, metrics=WorkerMetrics())
+        access_log = open_access_log(self.config)
+        worker = OriginWorker(
+            self.config,
+            self.control.snapshots,
+            metrics=WorkerMetrics(),
+            access_log=access_log,
+            process_metrics=True,
+        )
         stopping = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: None)  # the parent reloads
+        if access_log is not None:  # logrotate's postrotate
+            loop.add_signal_handler(signal.SIGUSR1, access_log.reopen)
         await worker.start(sock=self._sock, ssl_context=self._ssl, tls_audit=self._audit)
         pipe = await listen_control(context, worker.on_control, stopping.set)
         tune_gc()

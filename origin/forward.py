@@ -76,10 +76,15 @@ class Splice(asyncio.Protocol):
         "bytes_down",
         "bytes_up",
         "connect_task",
+        "connected_at",
         "finished",
+        "first_byte_at",
         "on_finished",
         "on_idle",
+        "opened_at",
+        "pool",
         "reused",
+        "status",
         "stream",
         "tag",
     )
@@ -102,6 +107,12 @@ class Splice(asyncio.Protocol):
         self.on_finished = on_finished
         self.connect_task: asyncio.Task[None] | None = None
         self.tag: Any = None  # the caller's (the backend this stream went to)
+        self.pool = "-"  # the pool the stream was routed to
+        # Monotonic times for the access log and histograms (0: not yet).
+        self.opened_at = _monotonic()
+        self.connected_at = 0.0
+        self.first_byte_at = 0.0
+        self.status = 0  # the backend's response status, from its first octets
 
     # -- stream side (asyncio.Protocol of the TunnelStream) -----------------------------
 
@@ -237,7 +248,10 @@ class BackendProtocol(asyncio.Protocol):
         if splice is None:
             self.close_parked()
             return
-        self.last_active = _monotonic()
+        now = self.last_active = _monotonic()
+        if not splice.bytes_down:
+            splice.first_byte_at = now
+            splice.status = response_status(data)
         splice.bytes_down += len(data)
         splice.stream.write(data)  # type: ignore[union-attr]
 
@@ -284,6 +298,14 @@ class BackendProtocol(asyncio.Protocol):
             idle.discard(self.idle_key, self)
         if self.transport is not None:
             self.transport.close()
+
+
+def response_status(data: bytes) -> int:
+    """The status code of a response whose first octets are ``data`` (0 if they
+    do not start an HTTP/1.x status line whole)."""
+    if data[:7] == b"HTTP/1." and data[12:13] in (b" ", b"\r") and data[9:12].isdigit():
+        return int(data[9:12])
+    return 0
 
 
 def _reset(transport: asyncio.Transport) -> None:

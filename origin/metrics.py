@@ -14,6 +14,13 @@ __all__ = ["ControlMetrics", "WorkerMetrics"]
 
 NAMESPACE = "geoedge_origin"
 
+#: Backends answer in ms to seconds; the edge's histograms use the same bounds.
+_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+#: Connects on the origin's own network: well under a millisecond to a timeout.
+_LAN_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 1.0, 5.0)
+
 
 class WorkerMetrics:
     """Series a worker process updates."""
@@ -73,6 +80,25 @@ class WorkerMetrics:
         )
         self.edges_refused = m.counter(
             "edges_refused", "Tunnel connections refused, by reason.", ("reason",)
+        )
+        by = ("pool", "backend")
+        self.connect_seconds = m.histogram(
+            "backend_connect_seconds",
+            "TCP connects to a backend (reused keep-alive connections not counted).",
+            by,
+            buckets=_LAN_BUCKETS,
+        )
+        self.first_byte_seconds = m.histogram(
+            "backend_first_byte_seconds",
+            "From a stream's arrival at the origin to the backend's first response octet.",
+            by,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.stream_seconds = m.histogram(
+            "stream_duration_seconds",
+            "Streams from their arrival at the origin to their end (WebSocket: the session).",
+            by,
+            buckets=_LATENCY_BUCKETS,
         )
 
 

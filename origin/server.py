@@ -51,14 +51,15 @@ from tunnel.aio.connection import PeerRefused, TunnelConnection
 from tunnel.aio.stream import TunnelStream
 from tunnel.aio.transport import serve_tunnel
 from tunnel.mux import ErrorCode
-from tunnel.runtime.logs import debug_enabled, log_event
+from tunnel.runtime.logs import AccessLog, debug_enabled, log_event
+from tunnel.runtime.metrics import ProcessMetrics
 
 __all__ = ["OriginWorker", "WorkerStatistics"]
 
 log = logging.getLogger("geoedge.origin")
 
 #: How often edge RTTs are published to the metrics.
-EDGE_METRICS_INTERVAL_S = 2.0
+EDGE_METRICS_INTERVAL_S = 2.0  # and the process' own gauges
 
 
 @dataclass(slots=True, eq=False)
@@ -71,6 +72,9 @@ class _BackendTag:
     bytes_up: Any
     bytes_down: Any
     ejected: Any
+    connect_seconds: Any
+    first_byte_seconds: Any
+    stream_seconds: Any
     pool: str
 
 
@@ -82,6 +86,18 @@ class WorkerStatistics:
     draining: bool
 
 
+_monotonic = time.monotonic
+
+
+def stream_outcome(code: int | None) -> str:
+    """The access log's ``outcome`` for a stream that ended with ``code``
+    (None: a graceful end). IDLE is the edge ending the stream after a whole
+    exchange, so the backend connection can be reused: a success."""
+    if code is None or code == ErrorCode.IDLE:
+        return "ok"
+    return ErrorCode.name_of(code).lower()
+
+
 class OriginWorker:
     """Serves tunnel streams in one process; see the module docstring."""
 
@@ -91,10 +107,14 @@ class OriginWorker:
         snapshots: tuple[PoolSnapshot, ...],
         *,
         metrics: WorkerMetrics | None = None,
+        access_log: AccessLog | None = None,
+        process_metrics: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.metrics = metrics or WorkerMetrics()
+        #: One line per stream (None: not logged); the worker flushes and closes it.
+        self.access_log = access_log
         self._clock = clock
         self._loop = asyncio.get_running_loop()
         self.pools: dict[str, BackendPool] = {}
@@ -106,6 +126,9 @@ class OriginWorker:
         self._draining = False
         self._shutdown_task: asyncio.Task[None] | None = None
         self._edge_timer: asyncio.TimerHandle | None = None
+        self._publish_due = 0.0
+        #: The worker process' own gauges (None in process: the tests' origins).
+        self.process_metrics = ProcessMetrics("origin") if process_metrics else None
         self._streams_total = 0
         self._debug = debug_enabled(log)
         self.apply_snapshots(snapshots)
@@ -130,7 +153,7 @@ class OriginWorker:
             sock=sock,
             ssl_context=ssl_context,
         )
-        self._edge_timer = self._loop.call_later(EDGE_METRICS_INTERVAL_S, self._publish_edges)
+        self._schedule_publish()
 
     @property
     def port(self) -> int:
@@ -183,6 +206,8 @@ class OriginWorker:
         if self._edge_timer is not None:
             self._edge_timer.cancel()
         await asyncio.sleep(0)  # let the aborts' callbacks run
+        if self.access_log is not None:
+            self.access_log.close()
         log.info("worker drained")
 
     # -- control -----------------------------------------------------------------------
@@ -218,6 +243,9 @@ class OriginWorker:
             bytes_up=m.bytes.labels(pool, address, "to_backend"),
             bytes_down=m.bytes.labels(pool, address, "from_backend"),
             ejected=m.ejected.labels(pool, address),
+            connect_seconds=m.connect_seconds.labels(pool, address),
+            first_byte_seconds=m.first_byte_seconds.labels(pool, address),
+            stream_seconds=m.stream_seconds.labels(pool, address),
             pool=pool,
         )
 
@@ -233,6 +261,8 @@ class OriginWorker:
             else (self.router.default)
         )
         pool = self.pools.get(name) if name is not None else None
+        if pool is not None:
+            splice.pool = pool.name
         splice.connect_task = self._loop.create_task(self._connect(splice, pool))
         return splice
 
@@ -263,6 +293,7 @@ class OriginWorker:
                 self._started(splice, backend, reused.transport, reused, b"")  # type: ignore[arg-type]
                 backend.tag.reused.inc()
                 return
+            started = self._clock()
             try:
                 async with asyncio.timeout(settings.connect_timeout_s):
                     transport, protocol = await self._loop.create_connection(
@@ -277,6 +308,8 @@ class OriginWorker:
                 tried.append(backend)
                 continue
             record_connect_success(backend)
+            splice.connected_at = self._clock()
+            backend.tag.connect_seconds.observe(splice.connected_at - started)
             preamble = proxy_preamble(settings.proxy_protocol, metadata)
             self._started(splice, backend, transport, protocol, preamble)
             return
@@ -346,6 +379,9 @@ class OriginWorker:
 
     def _finished(self, splice: Splice, exc: BaseException | None) -> None:
         self._splices.discard(splice)
+        code = getattr(exc, "code", None)
+        if self.access_log is not None:
+            self._log_stream(splice, code)
         backend = splice.tag
         if backend is None:
             return
@@ -356,8 +392,41 @@ class OriginWorker:
             tag.bytes_up.inc(splice.bytes_up)
         if splice.bytes_down:
             tag.bytes_down.inc(splice.bytes_down)
-        if exc is not None and getattr(exc, "code", None) == ErrorCode.UPSTREAM_RESET:
+        if splice.first_byte_at:
+            tag.first_byte_seconds.observe(splice.first_byte_at - splice.opened_at)
+        tag.stream_seconds.observe(_monotonic() - splice.opened_at)
+        if code == ErrorCode.UPSTREAM_RESET:
             self.metrics.stream_failures.labels(tag.pool, "UPSTREAM_RESET").inc()
+
+    def _log_stream(self, splice: Splice, code: int | None) -> None:
+        """The stream's access-log line: joins the edge's by ``request_id``."""
+        assert self.access_log is not None
+        stream = splice.stream
+        metadata = stream.metadata if stream is not None else None
+        backend: Backend | None = splice.tag
+        opened = splice.opened_at
+        client = metadata.client_address if metadata is not None else None
+        self.access_log.log(
+            client_ip=client[0] if client else None,
+            method=metadata.method if metadata is not None else None,
+            host=metadata.host if metadata is not None else None,
+            path=metadata.target if metadata is not None else None,
+            status=splice.status,
+            bytes_in=splice.bytes_up,
+            bytes_out=splice.bytes_down,
+            duration_ms=(_monotonic() - opened) * 1000,
+            upstream_ms=(splice.first_byte_at - opened) * 1000 if splice.first_byte_at else None,
+            edge_id=metadata.edge_id if metadata is not None else None,
+            origin=self.config.origin.id,
+            request_id=metadata.request_id if metadata is not None else None,
+            pool=splice.pool,
+            backend=backend.address if backend is not None else None,
+            reused=splice.reused,
+            connect_ms=(
+                round((splice.connected_at - opened) * 1000, 3) if splice.connected_at else None
+            ),
+            outcome=stream_outcome(code),
+        )
 
     # -- edges -------------------------------------------------------------------------
 
@@ -392,6 +461,8 @@ class OriginWorker:
         self.metrics.edges_refused.labels(reason).inc()
 
     def _publish_edges(self) -> None:
+        if self.access_log is not None:  # a quiet origin's last lines within seconds
+            self.access_log.flush()
         rtts: dict[str, float] = {}
         for connection in self._connections:
             srtt = connection.srtt_s
@@ -400,7 +471,13 @@ class OriginWorker:
                 rtts[identity] = max(rtts.get(identity, 0.0), srtt)
         for identity, srtt in rtts.items():
             self.metrics.edge_rtt.labels(identity).set(srtt)
-        self._edge_timer = self._loop.call_later(EDGE_METRICS_INTERVAL_S, self._publish_edges)
+        if self.process_metrics is not None:
+            self.process_metrics.sample(event_loop_lag_s=self._loop.time() - self._publish_due)
+        self._schedule_publish()
+
+    def _schedule_publish(self) -> None:
+        self._publish_due = self._loop.time() + EDGE_METRICS_INTERVAL_S
+        self._edge_timer = self._loop.call_at(self._publish_due, self._publish_edges)
 
     def splices(self) -> tuple[Splice, ...]:
         """The streams in flight (their byte counts, backends and transports)."""
