@@ -18,9 +18,10 @@ STAMPS := $(VENV)/.stamps
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy), the WAN emulator (iptables, libnetfilter-queue), the
 # WireGuard test (wireguard-go, wireguard-tools) and the unit checks
-# (systemd-analyze, in systemd).
+# (systemd-analyze, in systemd), the monitoring kit (promtool, in prometheus) and
+# the status page in a real browser (chromium).
 APT_PACKAGES := haproxy wrk iptables iproute2 libnetfilter-queue-dev gcc python3-dev \
-	systemd wireguard-go wireguard-tools curl nghttp2-client prometheus
+	systemd wireguard-go wireguard-tools curl nghttp2-client prometheus chromium
 
 # Redone when this file changes (the package list may have grown); cheap when
 # everything is there already.

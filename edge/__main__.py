@@ -33,6 +33,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from edge.config import EdgeConfig, ListenerConfig
 from edge.listener import bind_listener
+from edge.status import EdgeStatus
 from edge.tls import CertificateStore, TlsConfigError
 from tunnel.aio.tls import TunnelTlsError
 from tunnel.aio.transport import dial_ssl_context, parse_host_port
@@ -40,7 +41,12 @@ from tunnel.runtime.admin import AdminServer, HealthReport
 from tunnel.runtime.config import ConfigError, load_config
 from tunnel.runtime.logs import configure_logging
 from tunnel.runtime.memory import MemoryKeeper, tune_gc
-from tunnel.runtime.metrics import cleanup_multiprocess, enable_multiprocess, process_exited
+from tunnel.runtime.metrics import (
+    cleanup_multiprocess,
+    enable_multiprocess,
+    merged_families,
+    process_exited,
+)
 from tunnel.runtime.preflight import (
     FileCheck,
     ListenError,
@@ -48,6 +54,7 @@ from tunnel.runtime.preflight import (
     check_files,
     run_as,
 )
+from tunnel.runtime.status_window import MetricsWindow
 from tunnel.runtime.version import add_version_option
 from tunnel.runtime.workers import Supervisor, WorkerContext
 
@@ -185,7 +192,9 @@ async def supervise(config: EdgeConfig, certificates: CertificateStore, sockets:
         parent_fds=lambda: [fd for fd in [admin.fileno()] if fd is not None],
     )
     admin = AdminServer(
-        config.admin.address, health=lambda: edge_health(supervisor.statistics().stopping)
+        config.admin.address,
+        health=lambda: edge_health(supervisor.statistics().stopping),
+        status=EdgeStatus(config, MetricsWindow(merged_families), supervisor.statistics),
     )
     try:
         await admin.start()

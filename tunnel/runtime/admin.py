@@ -8,22 +8,29 @@ Built in:
 - ``GET /metrics``: the Prometheus text format (:func:`tunnel.runtime.metrics.exposition`:
   every worker's metrics merged in multiprocess mode).
 
+- ``GET /status`` (and ``/status.json``): the daemon's status page
+  (:mod:`tunnel.runtime.status_page`) when it gives a ``status`` source, which
+  the admin samples every few seconds for its last-minute figures.
+
 A daemon adds its own routes (the origin's backend drain) with ``routes``.
 There is no authentication: bind it to loopback or a management network.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import socket
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from tunnel.aio.transport import parse_host_port
 from tunnel.runtime.metrics import exposition
+from tunnel.runtime.status_page import REFRESH_S, StatusPage, render, render_main
 
 __all__ = ["AdminServer", "HealthReport"]
 
@@ -31,6 +38,15 @@ log = logging.getLogger("geoedge.admin")
 
 #: ``health()`` returns (healthy, detail); the detail becomes the JSON body.
 HealthReport = tuple[bool, dict[str, Any]]
+
+
+class StatusSource(Protocol):
+    """What a daemon gives the admin for its status page."""
+
+    def sample(self) -> None:
+        """Take a snapshot of the metrics (called every few seconds)."""
+
+    def page(self) -> StatusPage: ...
 
 
 class AdminServer:
@@ -44,14 +60,21 @@ class AdminServer:
         health: Callable[[], HealthReport],
         registries: Sequence[CollectorRegistry] = (),
         routes: Sequence[web.AbstractRouteDef] = (),
+        status: StatusSource | None = None,
     ) -> None:
         self.address = address
         self._health = health
         self._registries = tuple(registries)
+        self._status = status
         self._app = web.Application()
         self._app.add_routes(
             [web.get("/healthz", self._healthz), web.get("/metrics", self._metrics), *routes]
         )
+        if status is not None:
+            self._app.add_routes(
+                [web.get("/status", self._status_page), web.get("/status.json", self._status_json)]
+            )
+        self._sampler: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self._sock: socket.socket | None = None
         self.port = 0
@@ -68,9 +91,16 @@ class AdminServer:
         self._runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
         await self._runner.setup()
         await web.SockSite(self._runner, self._sock).start()
+        if self._status is not None:
+            self._sampler = asyncio.get_running_loop().create_task(self._sample(self._status))
         log.info("admin listening on %s:%d", host, self.port)
 
     async def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sampler
+            self._sampler = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -86,11 +116,34 @@ class AdminServer:
         healthy, detail = self._health()
         return web.json_response({"healthy": healthy, **detail}, status=200 if healthy else 503)
 
+    async def _sample(self, status: StatusSource) -> None:
+        while True:
+            try:
+                status.sample()
+            except Exception:  # a page with old figures beats no admin
+                log.exception("status sample failed")
+            await asyncio.sleep(REFRESH_S)
+
+    async def _status_page(self, request: web.Request) -> web.Response:
+        assert self._status is not None
+        self._status.sample()  # the freshest figures (the window keeps its span)
+        page = self._status.page()
+        body = render_main(page) if request.query.get("fragment") else render(page)
+        return web.Response(text=body, content_type="text/html", headers=_NO_STORE)
+
+    async def _status_json(self, request: web.Request) -> web.Response:
+        assert self._status is not None
+        self._status.sample()
+        return web.json_response(self._status.page().as_json(), headers=_NO_STORE)
+
     async def _metrics(self, request: web.Request) -> web.Response:
         body, content_type = exposition(self._registries)
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response
+
+
+_NO_STORE = {"Cache-Control": "no-store"}
 
 
 def _family(host: str) -> socket.AddressFamily:

@@ -43,6 +43,7 @@ from prometheus_client import (
     multiprocess,
     values,
 )
+from prometheus_client.metrics_core import Metric
 
 __all__ = [
     "ENV_VAR",
@@ -51,6 +52,7 @@ __all__ = [
     "cleanup_multiprocess",
     "enable_multiprocess",
     "exposition",
+    "merged_families",
     "multiprocess_enabled",
     "process_exited",
 ]
@@ -102,6 +104,15 @@ def exposition(registries: Sequence[CollectorRegistry] = ()) -> tuple[bytes, str
         multiprocess.MultiProcessCollector(merged)
         return generate_latest(merged), CONTENT_TYPE_LATEST
     return b"".join(generate_latest(r) for r in registries), CONTENT_TYPE_LATEST
+
+
+def merged_families(registries: Sequence[CollectorRegistry] = ()) -> list[Metric]:
+    """The metric families :func:`exposition` would print, as objects."""
+    if multiprocess_enabled():
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged)
+        return list(merged.collect())
+    return [family for registry in registries for family in registry.collect()]
 
 
 class MetricSet:

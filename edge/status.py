@@ -1,0 +1,168 @@
+"""The edge's status page (:mod:`tunnel.runtime.status_page`), from its merged metrics.
+
+It answers "which hop got slower" for this edge over the last minute: the
+clients' TLS handshakes (their last mile), each origin's tunnel RTT and time
+to first byte through it (tunnel + origin + Node), and the transfer back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from edge.config import EdgeConfig
+from tunnel.runtime.status_page import Cell, Row, StatusPage, Table, cell
+from tunnel.runtime.status_window import MetricsWindow, workers_table
+from tunnel.runtime.workers import SupervisorStatistics
+
+__all__ = ["EdgeStatus"]
+
+#: A tunnel RTT this high (seconds) is shown as a warning: slower than most paths.
+RTT_WARN_S = 0.3
+
+
+@dataclass
+class EdgeStatus:
+    config: EdgeConfig
+    window: MetricsWindow
+    supervisor: Callable[[], SupervisorStatistics]
+
+    def sample(self) -> None:
+        self.window.sample()
+
+    def page(self) -> StatusPage:
+        w = self.window
+        stats = self.supervisor()
+        requests = w.rate("geoedge_edge_requests_total", ("status",))
+        total = sum(requests.values())
+        errors = sum(rate for (status,), rate in requests.items() if status.startswith("5"))
+        facts = [
+            ("edge", Cell(self.config.edge.id)),
+            ("state", Cell("draining", "warn") if stats.stopping else Cell("serving", "ok")),
+            ("workers", Cell(f"{stats.running}/{stats.target}", "" if stats.running else "bad")),
+            ("requests", cell(total, "/s")),
+            ("5xx", cell(errors / total if total else None, "%", warn=0.01, bad=0.05)),
+            ("window", Cell(f"{w.seconds:.0f} s")),
+        ]
+        return StatusPage(
+            f"geoedge edge {self.config.edge.id}",
+            facts,
+            [self._tunnels(), self._phases(), self._errors(), self._workers()],
+        )
+
+    def _tunnels(self) -> Table:
+        w = self.window
+        up = w.gauge("geoedge_edge_tunnels_up", ("origin",))
+        streams = w.gauge("geoedge_edge_tunnel_streams_open", ("origin",))
+        srtt = w.gauge("geoedge_edge_tunnel_srtt_seconds", ("origin",), max)
+        rtt95 = w.quantile(0.95, "geoedge_edge_tunnel_rtt_seconds", ("origin",))
+        ttfb50 = w.quantile(0.5, "geoedge_edge_upstream_first_byte_seconds", ("origin",))
+        ttfb95 = w.quantile(0.95, "geoedge_edge_upstream_first_byte_seconds", ("origin",))
+        rate = w.rate("geoedge_edge_request_duration_seconds_count", ("origin",))
+        rows = []
+        for origin in self.config.origins:
+            key = (origin.name,)
+            usable = up.get(key, 0.0)
+            rows.append(
+                Row(
+                    [
+                        Cell(origin.name),
+                        Cell(origin.tunnel.address),
+                        Cell("up", "ok") if usable > 0 else Cell("down", "bad"),
+                        cell(usable),
+                        cell(streams.get(key, 0.0)),
+                        cell(srtt.get(key), "s", warn=RTT_WARN_S),
+                        cell(rtt95.get(key), "s", warn=RTT_WARN_S),
+                        cell(ttfb50.get(key), "s"),
+                        cell(ttfb95.get(key), "s"),
+                        cell(rate.get(key), "/s"),
+                    ]
+                )
+            )
+        return Table(
+            "Tunnels",
+            [
+                "origin",
+                "address",
+                "state",
+                "connections",
+                "streams open",
+                "RTT now",
+                "RTT p95",
+                "first byte p50",
+                "first byte p95",
+                "requests",
+            ],
+            rows,
+            note="First byte: from a request's head at the edge to its response's first"
+            " octet, i.e. tunnel + origin + Node. Compare it with the RTT: the rest is the"
+            " origin's side (see its status page).",
+        )
+
+    def _phases(self) -> Table:
+        w = self.window
+        rows = []
+        handshake = w.quantile(0.5, "geoedge_edge_tls_handshake_seconds", ("version",))
+        handshake95 = w.quantile(0.95, "geoedge_edge_tls_handshake_seconds", ("version",))
+        for (version,), p50 in sorted(handshake.items()):
+            rows.append(
+                Row(
+                    [
+                        Cell(f"TLS handshake ({version})"),
+                        cell(p50, "s"),
+                        cell(handshake95.get((version,)), "s"),
+                        Cell("the client's last mile"),
+                    ]
+                )
+            )
+        transfer = w.quantile(0.5, "geoedge_edge_response_transfer_seconds", ("protocol",))
+        transfer95 = w.quantile(0.95, "geoedge_edge_response_transfer_seconds", ("protocol",))
+        for (protocol,), p50 in sorted(transfer.items()):
+            rows.append(
+                Row(
+                    [
+                        Cell(f"transfer ({protocol})"),
+                        cell(p50, "s"),
+                        cell(transfer95.get((protocol,)), "s"),
+                        Cell("first to last response octet: the client's and the tunnel's rate"),
+                    ]
+                )
+            )
+        total = w.quantile(0.5, "geoedge_edge_request_duration_seconds", ("protocol",))
+        total95 = w.quantile(0.95, "geoedge_edge_request_duration_seconds", ("protocol",))
+        for (protocol,), p50 in sorted(total.items()):
+            what = "a WebSocket's whole session" if protocol == "ws" else "head to last octet"
+            p95 = total95.get((protocol,))
+            rows.append(
+                Row([Cell(f"request ({protocol})"), cell(p50, "s"), cell(p95, "s"), Cell(what)])
+            )
+        return Table(
+            "Where the time goes (last minute)",
+            ["phase", "p50", "p95", "what it measures"],
+            rows,
+            empty="no requests in the last minute",
+        )
+
+    def _errors(self) -> Table:
+        w = self.window
+        rows = [
+            Row([Cell(reason), cell(rate, "/s", bad=0.01)])
+            for (reason,), rate in sorted(w.rate("geoedge_edge_errors_total", ("reason",)).items())
+            if rate > 0
+        ]
+        rows += [
+            Row([Cell(f"refused: {reason}"), cell(rate, "/s", warn=0.01)])
+            for (reason,), rate in sorted(
+                w.rate("geoedge_edge_refused_connections_total", ("reason",)).items()
+            )
+            if rate > 0
+        ]
+        return Table(
+            "Refusals and failures (last minute)",
+            ["reason", "rate"],
+            rows,
+            empty="none in the last minute",
+        )
+
+    def _workers(self) -> Table:
+        return workers_table(self.window, "edge")
