@@ -200,6 +200,18 @@ class PoolConfig:
     """Idle connections one worker keeps per backend."""
     slow_start_s: float = 0.0
     """A backend that comes back ramps its weight from ~0 to full over this long."""
+    response_timeout_s: float = 60.0
+    """How long a backend may take to start its response, counted from the last
+    octet sent to it (HAProxy's ``timeout server``, nginx's
+    ``proxy_read_timeout``); past it the stream is reset with TIMEOUT (the edge
+    answers 504) and the backend connection closed. 0: no deadline."""
+    read_timeout_s: float = 60.0
+    """Silence allowed once the backend's response has started (no octet either
+    way for this long: reset with TIMEOUT, the client's response is cut). Not
+    applied after a 101 (WebSocket: the edge's idle timeout applies). 0: none."""
+    long_poll_prefixes: tuple[str, ...] = ()
+    """Request targets (path prefixes) exempt from both deadlines: long polls and
+    server-sent events that stay silent on purpose (list them at the edge too)."""
     health: HealthCheckConfig | None = None
     """Active HTTP checks; without this table only passive ejection applies."""
     passive: PassiveHealthConfig = field(default_factory=PassiveHealthConfig)
@@ -222,6 +234,10 @@ class PoolConfig:
             raise ValueError("slow_start_s must be >= 0")
         if self.keepalive_idle_s < 0 or self.keepalive_max_idle < 0:
             raise ValueError("keepalive_idle_s and keepalive_max_idle must be >= 0")
+        if self.response_timeout_s < 0 or self.read_timeout_s < 0:
+            raise ValueError("response_timeout_s and read_timeout_s must be >= 0 (0: none)")
+        if any(not prefix.startswith("/") for prefix in self.long_poll_prefixes):
+            raise ValueError("long_poll_prefixes must start with '/'")
         seen: set[str] = set()
         for backend in self.backends:
             if backend.address in seen:

@@ -79,6 +79,7 @@ class Splice(asyncio.Protocol):
         "connected_at",
         "finished",
         "first_byte_at",
+        "last_up",
         "on_finished",
         "on_idle",
         "opened_at",
@@ -112,6 +113,7 @@ class Splice(asyncio.Protocol):
         self.opened_at = _monotonic()
         self.connected_at = 0.0
         self.first_byte_at = 0.0
+        self.last_up = self.opened_at  # the last octet from the edge (deadlines)
         self.status = 0  # the backend's response status, from its first octets
 
     # -- stream side (asyncio.Protocol of the TunnelStream) -----------------------------
@@ -123,6 +125,7 @@ class Splice(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.bytes_up += len(data)
+        self.last_up = _monotonic()
         if self.backend_open:
             self.backend.write(data)  # type: ignore[union-attr]
 
@@ -197,6 +200,16 @@ class Splice(asyncio.Protocol):
         if preamble:
             backend.write(preamble)
         self.stream.resume_reading()  # type: ignore[union-attr]
+
+    def time_out(self) -> None:
+        """A deadline passed: reset the backend connection (never reused) and the
+        stream with TIMEOUT."""
+        backend = self.backend
+        if backend is not None and self.backend_open:
+            self.backend_open = False
+            _reset(backend)
+        if not self.finished and self.stream is not None:
+            self.stream.abort(ErrorCode.TIMEOUT)
 
     def fail(self, error_code: int) -> None:
         """No backend could be connected: reset the stream with ``error_code``."""

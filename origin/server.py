@@ -51,15 +51,18 @@ from tunnel.aio.connection import PeerRefused, TunnelConnection
 from tunnel.aio.stream import TunnelStream
 from tunnel.aio.transport import serve_tunnel
 from tunnel.mux import ErrorCode
-from tunnel.runtime.logs import AccessLog, debug_enabled, log_event
+from tunnel.runtime.logs import AccessLog, LogThrottle, debug_enabled, log_event
 from tunnel.runtime.metrics import ProcessMetrics
 
 __all__ = ["OriginWorker", "WorkerStatistics"]
 
 log = logging.getLogger("geoedge.origin")
+throttled = LogThrottle(log)
 
 #: How often edge RTTs are published to the metrics.
 EDGE_METRICS_INTERVAL_S = 2.0  # and the process' own gauges
+#: How often stream deadlines are checked (their resolution).
+DEADLINE_SWEEP_S = 1.0
 
 
 @dataclass(slots=True, eq=False)
@@ -87,6 +90,23 @@ class WorkerStatistics:
 
 
 _monotonic = time.monotonic
+
+
+def stream_deadline(
+    settings: PoolSnapshot, status: int, first_byte_at: float, target: str | None
+) -> float:
+    """Seconds of silence a stream's backend is allowed now (0: no deadline).
+
+    Before the response's first octet, ``response_timeout_s`` (counted from the
+    last octet either way, so a slow upload is not the backend's fault); once
+    it has started, ``read_timeout_s``; none after a 101 (a WebSocket's
+    silences are the edge's idle timeout's business) or for a long-poll target."""
+    if status == 101:
+        return 0.0
+    prefixes = settings.long_poll_prefixes
+    if target is not None and prefixes and target.startswith(prefixes):
+        return 0.0
+    return settings.read_timeout_s if first_byte_at else settings.response_timeout_s
 
 
 def stream_outcome(code: int | None) -> str:
@@ -127,6 +147,7 @@ class OriginWorker:
         self._shutdown_task: asyncio.Task[None] | None = None
         self._edge_timer: asyncio.TimerHandle | None = None
         self._publish_due = 0.0
+        self._deadline_timer: asyncio.TimerHandle | None = None
         #: The worker process' own gauges (None in process: the tests' origins).
         self.process_metrics = ProcessMetrics("origin") if process_metrics else None
         self._streams_total = 0
@@ -154,6 +175,7 @@ class OriginWorker:
             ssl_context=ssl_context,
         )
         self._schedule_publish()
+        self._deadline_timer = self._loop.call_later(DEADLINE_SWEEP_S, self._sweep_deadlines)
 
     @property
     def port(self) -> int:
@@ -205,6 +227,8 @@ class OriginWorker:
                 splice.stream.abort(ErrorCode.CANCEL)
         if self._edge_timer is not None:
             self._edge_timer.cancel()
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
         await asyncio.sleep(0)  # let the aborts' callbacks run
         if self.access_log is not None:
             self.access_log.close()
@@ -315,6 +339,38 @@ class OriginWorker:
             return
         self._fail(splice, pool.name, ErrorCode.CONNECT_FAILED)
 
+    def _sweep_deadlines(self) -> None:
+        self.check_deadlines(_monotonic())
+        self._deadline_timer = self._loop.call_later(DEADLINE_SWEEP_S, self._sweep_deadlines)
+
+    def check_deadlines(self, now: float) -> None:
+        """Reset the streams whose backend has been silent past its pool's
+        deadline (see :func:`stream_deadline`); called once a second."""
+        expired = []
+        for splice in self._splices:
+            backend: Backend | None = splice.tag
+            if backend is None or not splice.backend_open:
+                continue
+            pool = self.pools.get(backend.tag.pool)
+            if pool is None:
+                continue
+            stream = splice.stream
+            target = stream.metadata.target if stream is not None and stream.metadata else None
+            protocol = splice.backend_protocol
+            last_down = protocol.last_active if protocol is not None else 0.0
+            limit = stream_deadline(pool.settings, splice.status, splice.first_byte_at, target)
+            quiet_since = max(splice.last_up, last_down, splice.connected_at)
+            if limit and now - quiet_since > limit:
+                expired.append((splice, pool.name, backend.address))
+        for splice, pool_name, address in expired:
+            self.metrics.stream_failures.labels(pool_name, "TIMEOUT").inc()
+            throttled.warning(
+                "backend %s (pool %s) silent past its deadline: stream reset with TIMEOUT",
+                address,
+                pool_name,
+            )
+            splice.time_out()
+
     def _started(
         self,
         splice: Splice,
@@ -324,6 +380,8 @@ class OriginWorker:
         preamble: bytes,
     ) -> None:
         self._streams_total += 1
+        if not splice.connected_at:  # a reused connection: it is ours from now
+            splice.connected_at = self._clock()
         tag = backend.tag
         tag.streams.inc()
         tag.active.inc()

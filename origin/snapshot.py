@@ -55,6 +55,9 @@ class PoolSnapshot:
     keepalive_idle_s: float = 3.0
     keepalive_max_idle: int = 64
     slow_start_s: float = 0.0
+    response_timeout_s: float = 60.0
+    read_timeout_s: float = 60.0
+    long_poll_prefixes: tuple[str, ...] = ()
     passive: PassiveHealthConfig = dataclasses.field(default_factory=PassiveHealthConfig)
     backends: tuple[BackendSpec, ...] = ()
 
@@ -72,6 +75,9 @@ class PoolSnapshot:
             keepalive_idle_s=pool.keepalive_idle_s,
             keepalive_max_idle=pool.keepalive_max_idle,
             slow_start_s=pool.slow_start_s,
+            response_timeout_s=pool.response_timeout_s,
+            read_timeout_s=pool.read_timeout_s,
+            long_poll_prefixes=pool.long_poll_prefixes,
             passive=pool.passive,
             backends=backends,
         )
@@ -102,5 +108,6 @@ def decode_snapshots(items: list[dict[str, Any]]) -> tuple[PoolSnapshot, ...]:
             backends.append(BackendSpec(**spec))
         passive = PassiveHealthConfig(**fields.pop("passive"))
         fields["hosts"] = tuple(fields["hosts"])
+        fields["long_poll_prefixes"] = tuple(fields.get("long_poll_prefixes", ()))
         pools.append(PoolSnapshot(**fields, passive=passive, backends=tuple(backends)))
     return tuple(pools)

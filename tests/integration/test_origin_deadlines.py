@@ -1,0 +1,167 @@
+"""The origin's per-stream deadlines (pool ``response_timeout_s``,
+``read_timeout_s``, ``long_poll_prefixes``) with real edge and origin processes
+and a backend that hangs on purpose: a silent backend becomes the edge's 504
+(or a cut, once its response started), logged at both hops; long polls and
+answers in time are left alone."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from origin.server import stream_deadline
+from origin.snapshot import PoolSnapshot
+from tests.conftest import PkiFiles, scaled
+from tests.edge_env import Stack, edge_stack
+
+POOL_EXTRA = 'response_timeout_s = 1.0\nread_timeout_s = 1.0\nlong_poll_prefixes = ["/poll"]\n'
+
+
+class HangingBackend:
+    """HTTP/1.1 on a thread per connection: /ok answers, /hang-head never does,
+    /hang-body sends a head and 10 of 100 octets then goes silent, /poll answers
+    after 2.5 s."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.closed_by_peer: list[str] = []
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                data = conn.recv(4096)
+                if not data:
+                    return
+                head += data
+            path = head.split(b" ", 2)[1].decode()
+            if path.startswith("/poll"):
+                time.sleep(2.5)
+            if path.startswith(("/ok", "/poll")):
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            elif path.startswith("/hang-body"):
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
+            conn.settimeout(10)
+            try:  # hold the connection until the origin gives up on it
+                if conn.recv(1) == b"":
+                    self.closed_by_peer.append(path)
+            except (OSError, TimeoutError):
+                self.closed_by_peer.append(path)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def stack(test_pki: PkiFiles, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    backend = HangingBackend()
+    try:
+        with edge_stack(
+            test_pki,
+            tmp_path_factory.mktemp("deadlines"),
+            backend_port=backend.port,
+            origin_pool_extra=POOL_EXTRA,
+        ) as s:
+            s.backend = backend  # type: ignore[attr-defined]
+            yield s
+    finally:
+        backend.close()
+
+
+def get(stack: Stack, path: str) -> tuple[int | str, bytes, float]:
+    """(status or how it ended, body, seconds)."""
+    context = ssl.create_default_context(cafile=str(stack.pki.ca))
+    started = time.monotonic()
+    raw = socket.create_connection(("127.0.0.1", stack.https_port), timeout=scaled(15))
+    with context.wrap_socket(raw, server_hostname="localhost") as tls:
+        tls.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+        data = b""
+        try:
+            while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < 2:
+                chunk = tls.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            if b"Content-Length: 100" in data:  # the hanging body: read until the cut
+                while chunk := tls.recv(65536):
+                    data += chunk
+        except (ssl.SSLError, OSError):
+            pass
+    seconds = time.monotonic() - started
+    if not data:
+        return "closed", b"", seconds
+    status = int(data.split(b" ", 2)[1])
+    return status, data.split(b"\r\n\r\n", 1)[1], seconds
+
+
+def origin_lines(stack: Stack, path: str) -> list[dict[str, object]]:
+    lines = []
+    for line in stack.origin_log.read_text(errors="replace").splitlines():
+        if line.startswith('{"ts"') and f'"path":"{path}"' in line.replace(" ", ""):
+            lines.append(json.loads(line))
+    return lines
+
+
+def wait_for_line(stack: Stack, path: str) -> dict[str, object]:
+    deadline = time.monotonic() + scaled(10)
+    while not (lines := origin_lines(stack, path)):
+        assert time.monotonic() < deadline, f"no origin access-log line for {path}"
+        time.sleep(0.2)
+    return lines[-1]
+
+
+def test_a_backend_that_never_answers_gets_the_client_a_504_at_the_deadline(stack: Stack) -> None:
+    status, _, seconds = get(stack, "/hang-head")
+    assert status == 504
+    assert 0.9 < seconds < scaled(4), seconds  # 1 s deadline, swept once a second
+    line = wait_for_line(stack, "/hang-head")
+    assert line["outcome"] == "timeout" and line["status"] == 0
+    deadline = time.monotonic() + scaled(5)
+    while "/hang-head" not in stack.backend.closed_by_peer:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, "the hung backend connection was kept"
+        time.sleep(0.1)
+
+
+def test_a_backend_silent_mid_response_is_cut_not_left_hanging(stack: Stack) -> None:
+    status, body, seconds = get(stack, "/hang-body")
+    assert status == 200 and body == b"0123456789"  # what it sent; then the cut
+    assert seconds < scaled(5)
+    assert wait_for_line(stack, "/hang-body")["outcome"] == "timeout"
+
+
+def test_long_polls_and_answers_in_time_are_left_alone(stack: Stack) -> None:
+    assert get(stack, "/ok")[:2] == (200, b"ok")
+    status, body, seconds = get(stack, "/poll?wait=1")
+    assert (status, body) == (200, b"ok") and seconds > 2.4
+    assert wait_for_line(stack, "/poll?wait=1")["outcome"] == "ok"
+
+
+def test_which_deadline_applies() -> None:
+    pool = PoolSnapshot(
+        "app", response_timeout_s=60, read_timeout_s=30, long_poll_prefixes=("/lp",)
+    )
+    assert stream_deadline(pool, 0, 0.0, "/x") == 60  # waiting for the first octet
+    assert stream_deadline(pool, 200, 12.5, "/x") == 30  # the response has started
+    assert stream_deadline(pool, 101, 12.5, "/ws") == 0  # a WebSocket: the edge's idle timeout
+    assert stream_deadline(pool, 0, 0.0, "/lp/events") == 0  # a long poll
+    assert stream_deadline(pool, 0, 0.0, None) == 60
+    off = PoolSnapshot("app", response_timeout_s=0, read_timeout_s=0)
+    assert stream_deadline(off, 0, 0.0, "/x") == 0
