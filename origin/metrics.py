@@ -16,7 +16,8 @@ NAMESPACE = "geoedge_origin"
 
 #: Backends answer in ms to seconds; the edge's histograms use the same bounds.
 _LATENCY_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5,
+    0.6, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
 #: Connects on the origin's own network: well under a millisecond to a timeout.
 _LAN_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 1.0, 5.0)
