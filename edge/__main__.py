@@ -55,10 +55,16 @@ from tunnel.runtime.preflight import (
     run_as,
 )
 from tunnel.runtime.status_window import MetricsWindow
+from tunnel.runtime.systemd import ServiceNotifier, listen_sockets, same_address
 from tunnel.runtime.version import add_version_option
 from tunnel.runtime.workers import Supervisor, WorkerContext
 
 log = logging.getLogger("geoedge.edge")
+
+#: Under systemd (Type=notify): READY=1 once a tunnel is up, or after this long
+#: without one (the edge serves anyway: requests wait tunnel_wait_s, then 503),
+#: so that a start does not fail, or a restart hang, while an origin is down.
+READY_TIMEOUT_S = 30.0
 
 Sockets = list[tuple[ListenerConfig | None, socket.socket]]
 
@@ -107,25 +113,54 @@ def preflight(path: str, *, service_gid: int | None) -> tuple[EdgeConfig, Certif
     return config, certificates
 
 
-def bind_sockets(config: EdgeConfig) -> Sockets:
+def bind_sockets(
+    config: EdgeConfig, activated: list[tuple[str, socket.socket]] | None = None
+) -> Sockets:
+    """The listening sockets: those systemd passed (socket activation, matched
+    to the listeners by address), the rest bound here."""
+    passed = list(activated or ())
     sockets: Sockets = []
+    wanted: list[tuple[ListenerConfig | None, str, str]] = [
+        (listener, "[[listeners]] address", listener.address) for listener in config.listeners
+    ]
+    if config.redirect is not None:
+        wanted.append((None, "[redirect] address", config.redirect.address))
     try:
-        for listener in config.listeners:
-            sockets.append((listener, _bind("[[listeners]] address", listener.address)))
-        if config.redirect is not None:
-            sockets.append((None, _bind("[redirect] address", config.redirect.address)))
+        for listener, setting, address in wanted:
+            sockets.append((listener, _take_or_bind(setting, address, passed)))
+        if passed:
+            names = ", ".join(f"{name} ({_bound(sock)})" for name, sock in passed)
+            raise ListenError(
+                "socket activation", names, OSError("no listener in the config has this address")
+            )
     except ListenError:
         for _, sock in sockets:
+            sock.close()
+        for _, sock in passed:
             sock.close()
         raise
     return sockets
 
 
-def _bind(setting: str, address: str) -> socket.socket:
+def _take_or_bind(
+    setting: str, address: str, passed: list[tuple[str, socket.socket]]
+) -> socket.socket:
+    host, port = parse_host_port(address)
+    for index, (name, sock) in enumerate(passed):
+        if same_address(sock, host, port):
+            del passed[index]
+            sock.setblocking(False)
+            log.info("listening on %s: socket %r from systemd", address, name)
+            return sock
     try:
-        return bind_listener(parse_host_port(address))
+        return bind_listener((host, port))
     except OSError as exc:
         raise ListenError(setting, address, exc) from None
+
+
+def _bound(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"{host}:{port}"
 
 
 async def run_worker(config: EdgeConfig, certificates: CertificateStore, sockets: Sockets) -> None:
@@ -167,7 +202,14 @@ def edge_health(draining: bool) -> HealthReport:
     }
 
 
-async def supervise(config: EdgeConfig, certificates: CertificateStore, sockets: Sockets) -> None:
+async def supervise(
+    config: EdgeConfig,
+    certificates: CertificateStore,
+    sockets: Sockets,
+    notifier: ServiceNotifier | None = None,
+) -> None:
+    notifier = notifier or ServiceNotifier({})
+
     def worker_main(context: WorkerContext) -> int:
         uvloop.run(run_worker(config, certificates, sockets))
         return 0
@@ -176,12 +218,29 @@ async def supervise(config: EdgeConfig, certificates: CertificateStore, sockets:
         # Into the supervisor's own contexts (the ones the next forked worker
         # inherits; ticket keys kept). On failure the workers are not signalled:
         # the problem is logged once and they keep what they serve.
+        notifier.reloading()
         try:
             certificates.reload()
         except TlsConfigError as exc:
             log.error("certificate reload failed, keeping the current certificates: %s", exc)
+            notifier.ready("certificate reload failed: serving the previous certificates")
             return False
+        notifier.ready("certificates reloaded")
         return True
+
+    def service_state() -> tuple[bool, bool, str]:
+        """(ready, stopping, STATUS=) for systemd: ready once a tunnel is up."""
+        stats = supervisor.statistics()
+        _, detail = edge_health(False)
+        tunnels = detail["tunnels_up"]
+        up = [name for name, count in tunnels.items() if count > 0]
+        down = sorted(set(origin.name for origin in config.origins) - set(up))
+        if stats.stopping:
+            return bool(up), True, f"draining {stats.running} worker(s)"
+        text = f"{stats.running}/{stats.target} workers; tunnels up: {', '.join(up) or 'none'}"
+        if down:
+            text += f"; waiting for {', '.join(down)}"
+        return bool(up) and stats.running > 0, False, text
 
     supervisor = Supervisor(
         worker_main,
@@ -190,6 +249,7 @@ async def supervise(config: EdgeConfig, certificates: CertificateStore, sockets:
         on_reload=reload_in_parent,
         on_worker_exit=lambda pid, status: process_exited(pid),
         parent_fds=lambda: [fd for fd in [admin.fileno()] if fd is not None],
+        on_stopping=lambda: notifier.stopping(f"draining {supervisor.running} worker(s)"),
     )
     admin = AdminServer(
         config.admin.address,
@@ -206,9 +266,18 @@ async def supervise(config: EdgeConfig, certificates: CertificateStore, sockets:
         ", ".join(x.address for x in config.listeners),
         supervisor.target,
     )
+    systemd = asyncio.get_running_loop().create_task(
+        notifier.run(
+            service_state,
+            ready_timeout_s=READY_TIMEOUT_S,
+            alive=lambda: supervisor.statistics().running > 0,
+        )
+    )
     try:
         await supervisor.run()
     finally:
+        systemd.cancel()
+        notifier.close()
         await admin.close()
 
 
@@ -240,14 +309,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, PreflightError, TlsConfigError, TunnelTlsError) as exc:
         _report(args.config, exc)
         return 2
+    notifier = ServiceNotifier()  # takes NOTIFY_SOCKET: the workers do not speak to systemd
     try:
-        sockets = bind_sockets(config)
+        sockets = bind_sockets(config, listen_sockets())
     except ListenError as exc:
         _report(args.config, exc)
         return 1
     metrics_dir = enable_multiprocess()  # before any metric exists or a worker forks
     try:
-        uvloop.run(supervise(config, certificates, sockets))
+        uvloop.run(supervise(config, certificates, sockets, notifier))
     except ListenError as exc:
         _report(args.config, exc)
         return 1

@@ -67,6 +67,7 @@ from tunnel.runtime.metrics import (
 )
 from tunnel.runtime.preflight import ListenError
 from tunnel.runtime.status_window import MetricsWindow
+from tunnel.runtime.systemd import ServiceNotifier, listen_sockets, same_address
 from tunnel.runtime.workers import Supervisor, WorkerContext, listen_control
 
 __all__ = ["OriginDaemon", "bind_listener", "open_access_log"]
@@ -114,6 +115,8 @@ class OriginDaemon:
         self.admin: AdminServer | None = None
         self._stop: asyncio.Event | None = None
         self.ready: asyncio.Event | None = None
+        # Under systemd only (not in process: tests' origins share the test's env).
+        self.notifier = ServiceNotifier({} if in_process else None)
 
     # -- parent ------------------------------------------------------------------------
 
@@ -133,10 +136,7 @@ class OriginDaemon:
     async def _run(self) -> None:
         config = self.config
         listener = config.tunnel_listener
-        try:
-            self._sock = bind_listener(listener.address)
-        except OSError as exc:
-            raise ListenError("[tunnel_listener] address", listener.address, exc) from None
+        self._sock = self._activated_or_bound(listener.address)
         context = listener_ssl_context(listener)
         self._ssl = self._audit.install(context) if context is not None else None
         control_metrics = ControlMetrics()
@@ -159,6 +159,7 @@ class OriginDaemon:
                 on_reload=self.request_reload,
                 on_worker_exit=self._on_worker_exit,
                 parent_fds=self._parent_fds,
+                on_stopping=lambda: self.notifier.stopping("draining"),
             )
         status = OriginStatus(
             config.origin.id,
@@ -188,16 +189,60 @@ class OriginDaemon:
                 await self.worker.shutdown()
             else:
                 assert self.supervisor is not None
-                counter = asyncio.get_running_loop().create_task(self._count_workers())
+                loop = asyncio.get_running_loop()
+                counter = loop.create_task(self._count_workers())
+                systemd = loop.create_task(
+                    self.notifier.run(
+                        self._service_state,
+                        ready_timeout_s=10.0,  # listening already; ready once a worker runs
+                        alive=lambda: self.supervisor is not None and self.supervisor.running > 0,
+                    )
+                )
                 self.ready.set()  # type: ignore[union-attr]
                 try:
                     await self.supervisor.run()
                 finally:
                     counter.cancel()
+                    systemd.cancel()
+                    self.notifier.close()
         finally:
             await self.admin.close()
             await self.control.close()
             self._sock.close()
+
+    def _activated_or_bound(self, address: str) -> socket.socket:
+        """The tunnel listener: the socket systemd passed for ``address``
+        (socket activation), else a new one."""
+        passed = [] if self.in_process else listen_sockets()
+        host, port = parse_host_port(address)
+        found = None
+        for name, sock in passed:
+            if found is None and same_address(sock, host, port):
+                found = sock
+                sock.setblocking(False)
+                log.info("tunnel listener %s: socket %r from systemd", address, name)
+            else:
+                sock.close()
+                stray = f"{name} ({sock.getsockname()})"
+                raise ListenError(
+                    "socket activation", stray, OSError("the config has no listener there")
+                )
+        if found is not None:
+            return found
+        try:
+            return bind_listener(address)
+        except OSError as exc:
+            raise ListenError("[tunnel_listener] address", address, exc) from None
+
+    def _service_state(self) -> tuple[bool, bool, str]:
+        """(ready, stopping, STATUS=) for systemd."""
+        assert self.supervisor is not None and self.control is not None
+        stats = self.supervisor.statistics()
+        usable = self.control.state.usable_backends()
+        if stats.stopping:
+            return True, True, f"draining {stats.running} worker(s)"
+        text = f"{stats.running}/{stats.target} workers; {usable} usable backend(s)"
+        return stats.running > 0, False, text
 
     def stop(self) -> None:
         """Begin the graceful stop (what SIGTERM does)."""
@@ -206,9 +251,18 @@ class OriginDaemon:
         if self._stop is not None:
             self._stop.set()
 
-    def request_reload(self) -> None:
-        """SIGHUP: re-read the config file's pools (in a task: it may resolve DNS)."""
-        asyncio.get_running_loop().create_task(self.reload())
+    def request_reload(self) -> bool:
+        """SIGHUP: re-read the config file's pools (in a task: it may resolve DNS).
+        The workers take the new pools from the snapshots it publishes."""
+        self.notifier.reloading()
+        task = asyncio.get_running_loop().create_task(self.reload())
+
+        def reloaded(done: asyncio.Task[bool]) -> None:
+            ok = not done.cancelled() and done.exception() is None and done.result()
+            self.notifier.ready("pools reloaded" if ok else "reload rejected: pools unchanged")
+
+        task.add_done_callback(reloaded)
+        return False  # nothing for the workers to do on the signal itself
 
     async def reload(self, config: OriginConfig | None = None) -> bool:
         """Adopt the pools of ``config`` (or of the config file); False if invalid."""

@@ -137,14 +137,16 @@ ping_timeout_s = 2.0
     return path
 
 
-def start_edge(procs: Processes, config: Path, log_file: Path) -> subprocess.Popen[bytes]:
+def start_edge(
+    procs: Processes, config: Path, log_file: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     out = open(log_file, "wb")  # noqa: SIM115 - closed by the process' exit
     return procs.start(
         [sys.executable, "-m", "edge", "--config", str(config), "--log-format", "plain"],
         stdout=out,
         stderr=subprocess.STDOUT,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
     )
 
 
@@ -271,6 +273,7 @@ def edge_stack(
     backend_port: int | None = None,
     origin_pool_extra: str = "",
     nodes: int = 1,
+    edge_env: dict[str, str] | None = None,
 ) -> Iterator[Stack]:
     """``nodes`` Node backends (or ``backend_port``), the real origin balancer and an edge."""
     procs = Processes()
@@ -308,7 +311,7 @@ def edge_stack(
         certificate=certificate,
     )
     log = tmp / "edge.log"
-    edge = start_edge(procs, config, log)
+    edge = start_edge(procs, config, log, edge_env)
     s = Stack(
         test_pki, https_port, admin_port, node_port, origin_port, edge, log, origin_cmd, procs
     )

@@ -198,7 +198,7 @@ def test_user_data_is_cloud_config_and_shell() -> None:
         "geoedge init edge",
         "fetch server-key.pem",
         "geoedge-edge --config /etc/geoedge/edge.toml --check",
-        "systemctl enable --now geoedge-edge.service",
+        "systemctl enable --now geoedge-edge.socket geoedge-edge.service",
     ]
     positions = [script.index(step) for step in order]
     assert positions == sorted(positions), order

@@ -201,7 +201,6 @@ def test_origin_and_node_units_run_what_the_origin_config_names() -> None:
 
 #: What every unit sets the same way: how it starts, stops, restarts, is hardened.
 SHARED_SERVICE_SETTINGS = {
-    "Type": "exec",
     "KillMode": "mixed",
     "KillSignal": "SIGTERM",
     "TimeoutStopSec": "45",
@@ -253,10 +252,47 @@ def test_units_share_one_layout(unit: Path) -> None:
         "/usr/bin/node",
     }
     if binary.startswith("/usr/local/bin/"):
+        # The daemons speak sd_notify (tests/integration/test_systemd.py) and take
+        # their listening sockets from a .socket unit of the same name.
+        assert one(service, "Type") == "notify" and one(service, "NotifyAccess") == "main"
+        assert one(service, "WatchdogSec") == "30"
+        assert one(service, "Sockets") == unit.name.replace(".service", ".socket")
         assert one(service, "ExecReload") == "/bin/kill -HUP $MAINPID"
         assert one(service, "User") == one(service, "Group") == "geoedge"
         assert one(service, "LimitNOFILE") == "1048576"
         assert "ExecStartPre" not in service, "the daemon checks its config itself (exit 2)"
+    else:
+        assert one(service, "Type") == "exec"  # Node does not speak sd_notify
+
+
+SOCKETS = (DEPLOY / "systemd" / "geoedge-edge.socket", DEPLOY / "systemd" / "geoedge-origin.socket")
+
+
+@pytest.mark.parametrize("socket_unit", SOCKETS, ids=lambda u: u.name)
+def test_socket_units_pass_verify_and_listen_where_the_examples_do(
+    socket_unit: Path, tmp_path: Path
+) -> None:
+    sections = parse_unit(socket_unit.read_text())
+    listen = sections["Socket"]["ListenStream"]
+    service = socket_unit.name.replace(".socket", ".service")
+    assert sections["Socket"]["Service"] == [service]
+    assert all(address.startswith("0.0.0.0:") for address in listen), "IPv4 as configured"
+    if socket_unit.name == "geoedge-edge.socket":
+        assert listen == ["0.0.0.0:443", "0.0.0.0:80"]
+    else:
+        assert listen == ["0.0.0.0:7443"]
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed (Debian package: systemd)")
+    copy = _verify_copy(DEPLOY / "systemd" / service, tmp_path)
+    (tmp_path / socket_unit.name).write_text(socket_unit.read_text())
+    result = subprocess.run(
+        [analyze, "verify", "--man=no", str(tmp_path / socket_unit.name), str(copy)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
 
 
 def _verify_copy(unit: Path, directory: Path) -> Path:
@@ -449,6 +485,14 @@ def test_user_data_carries_exact_copies(role: str, unit: Path) -> None:
     assert files["/etc/sysctl.d/99-geoedge.conf"]["content"] == SYSCTL.read_text()
     copy = files[f"/etc/systemd/system/{unit.name}"]["content"]
     assert copy == unit.read_text(), f"copy {unit} into {CLOUD_INIT[role]}"
+    if unit == NODE_UNIT:
+        return
+    socket_unit = unit.with_suffix(".socket")
+    copy = files[f"/etc/systemd/system/{socket_unit.name}"]["content"]
+    assert copy == socket_unit.read_text(), f"copy {socket_unit} into {CLOUD_INIT[role]}"
+    assert f"systemctl enable --now {socket_unit.name} {unit.name}" in runcmd_lines(
+        load_user_data(role)
+    )
 
 
 @pytest.mark.parametrize(
@@ -476,7 +520,8 @@ def test_user_data_config_loads_and_its_files_are_written(
     )
     assert install in commands
     assert commands.index(install) > commands.index(f"python3 -m venv {VENV}")
-    assert f"systemctl enable --now geoedge-{role}.service" in commands
+    enable_daemon = f"systemctl enable --now geoedge-{role}.socket geoedge-{role}.service"
+    assert enable_daemon in commands
     assert "pip install geoedge" not in CLOUD_INIT[role].read_text(), "no such package on PyPI"
 
     # The unit runs the command from the venv, directly or through a symlink.
@@ -507,7 +552,7 @@ def test_origin_user_data_runs_the_sample_app_as_its_backends() -> None:
         init
         < npm
         < commands.index(enable)
-        < commands.index("systemctl enable --now geoedge-origin.service")
+        < commands.index("systemctl enable --now geoedge-origin.socket geoedge-origin.service")
     )
     assert "cd /opt/geoedge/node-app" in commands[npm]
 

@@ -127,6 +127,9 @@ def test_init_origin_admits_the_edges_and_balances_the_sample_backends(
     assert pool.default and pool.health is not None
     ports = [int(b.address.rsplit(":", 1)[1]) for b in pool.backends]
     assert ports == list(host_init.NODE_PORTS)
+    # systemd holds the tunnel listener where the config listens (socket activation).
+    socket_unit = (tmp_path / "geoedge-origin.socket").read_text()
+    assert f"ListenStream={config.tunnel_listener.address}\n" in socket_unit
     assert missing_keys(OriginConfig, (tmp_path / "origin.toml").read_text()) == []
     # The node template comes along, and the cloud-init starts one per port.
     template = DEPLOY / "systemd" / "geoedge-node@.service"

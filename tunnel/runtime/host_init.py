@@ -227,6 +227,7 @@ def edge_files(choices: EdgeChoices) -> list[HostFile]:
     return [
         _config_file("edge", config, etc),
         _shipped_unit("geoedge-edge.service", etc),
+        _shipped_unit("geoedge-edge.socket", etc),
         _sysctl_file(),
         HostFile("cloud-init.yaml", user_data, 0o600, None),
     ]
@@ -278,6 +279,7 @@ def origin_files(choices: OriginChoices) -> list[HostFile]:
     return [
         _config_file("origin", config, etc),
         _shipped_unit("geoedge-origin.service", etc),
+        _socket_unit("geoedge-origin.socket", "0.0.0.0:7443", choices.tunnel_address),
         _shipped_unit("geoedge-node@.service", etc),
         _sysctl_file(),
         HostFile("cloud-init.yaml", user_data, 0o600, None),
@@ -330,6 +332,14 @@ def _retarget(text: str, etc: Path) -> str:
 
 def _shipped_unit(name: str, etc: Path) -> HostFile:
     text = _retarget(assets.deploy_file(f"systemd/{name}").read_text(), etc)
+    return HostFile(name, text, 0o644, f"/etc/systemd/system/{name}")
+
+
+def _socket_unit(name: str, shipped: str, address: str) -> HostFile:
+    """A shipped socket unit listening on ``address`` instead of ``shipped``: the
+    daemon takes a passed socket only where its config listens."""
+    text = assets.deploy_file(f"systemd/{name}").read_text()
+    text = text.replace(f"ListenStream={shipped}", f"ListenStream={address}")
     return HostFile(name, text, 0o644, f"/etc/systemd/system/{name}")
 
 
@@ -409,5 +419,8 @@ def install_steps(role: str, files: Sequence[HostFile], out: Path) -> list[str]:
         steps.append("# the sample Node.js backends: geoedge init node --out DIR, then its steps")
     config = next(f.destination for f in files if f.name == f"{role}.toml")
     steps.append(f"geoedge-{role} --config {config} --check")
-    steps.append(f"systemctl daemon-reload && systemctl enable --now geoedge-{role}")
+    steps.append(
+        "systemctl daemon-reload && systemctl enable --now "
+        f"geoedge-{role}.socket geoedge-{role}.service"
+    )
     return steps

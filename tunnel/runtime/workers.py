@@ -160,6 +160,7 @@ class Supervisor:
         on_reload: Callable[[], bool | None] | None = None,
         on_worker_exit: Callable[[int, int], None] | None = None,
         parent_fds: Callable[[], Iterable[int]] = tuple,
+        on_stopping: Callable[[], None] | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self._worker_main = worker_main
@@ -170,6 +171,7 @@ class Supervisor:
         self._on_reload = on_reload
         self._on_worker_exit = on_worker_exit
         self._parent_fds = parent_fds
+        self._on_stopping = on_stopping
         self._rng = rng or random.Random()
         self._slots = [_Slot(i) for i in range(self.target)]
         self._restarts = 0
@@ -213,6 +215,8 @@ class Supervisor:
             return
         self._stopping = True
         log.info("stopping %d worker(s)", self.running)
+        if self._on_stopping is not None:
+            self._on_stopping()  # e.g. STOPPING=1 to systemd, before the drain
         for slot in self._slots:
             if slot.restart is not None:
                 slot.restart.cancel()
