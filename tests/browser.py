@@ -31,8 +31,13 @@ def chromium_path() -> str | None:
 class Browser:
     """``async with Browser() as browser: await browser.open(url)``."""
 
-    def __init__(self, width: int = 1280, height: int = 900) -> None:
+    def __init__(
+        self, width: int = 1280, height: int = 900, *, extra_args: tuple[str, ...] = ()
+    ) -> None:
         self._width, self._height = width, height
+        self._extra_args = extra_args
+        #: Every DevTools event since start (Network.* once ``Network.enable`` is called).
+        self.events: list[dict[str, Any]] = []
         self._profile = tempfile.TemporaryDirectory(prefix="geoedge-chromium-")
         self._process: subprocess.Popen[bytes] | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -56,6 +61,7 @@ class Browser:
                 "--remote-debugging-port=0",
                 f"--user-data-dir={profile}",
                 f"--window-size={self._width},{self._height}",
+                *self._extra_args,
                 "about:blank",
             ],
             stdout=subprocess.DEVNULL,
@@ -160,4 +166,5 @@ class Browser:
                 if future is not None and not future.done():
                     future.set_result(data)
             else:
+                self.events.append(data)
                 self._events.put_nowait(data)
