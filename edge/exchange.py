@@ -42,6 +42,7 @@ from edge.http1 import (
     WebSocketAccepted,
     WebSocketRefused,
 )
+from edge.ws_frames import FrameTracker
 from tunnel.aio.stream import StreamResetError
 from tunnel.mux import ErrorCode
 from tunnel.mux.errors import MuxError
@@ -84,6 +85,10 @@ class RequestRecord:
     user_agent: str | None = None
     trace_id: str | None = None
     finished_at: float = 0.0
+    ws_close_code: int | None = None
+    """A WebSocket's: the status code of the first Close frame (1005: none)."""
+    ws_closed_by: str | None = None
+    """Who sent that Close first: ``client``, ``backend`` or ``edge`` (a drain)."""
 
     @property
     def answered(self) -> bool:
@@ -191,6 +196,8 @@ class Exchange:
         "upgraded",
         "upstream_active_at",
         "websocket_key",
+        "ws_down",
+        "ws_up",
     )
 
     def __init__(
@@ -223,6 +230,10 @@ class Exchange:
         self.finished = False
         self.upstream_active_at = time.monotonic()
         self.tag: object = None  # the front end's (HTTP/2: its stream)
+        # A WebSocket's frames each way (edge.ws_frames): how it ended, and where
+        # a Close of our own may go. The client's may precede the 101.
+        self.ws_up = FrameTracker() if self.websocket_key is not None else None
+        self.ws_down: FrameTracker | None = None
 
     # -- the front end's calls -------------------------------------------------------
 
@@ -248,6 +259,11 @@ class Exchange:
     def send_tunnel(self, data: bytes) -> None:
         """Client octets of an upgraded connection (or held behind the handshake)."""
         self.record.bytes_in += len(data)
+        tracker = self.ws_up
+        if tracker is not None:
+            tracker.feed(data)
+            if tracker.close_code is not None and self.record.ws_closed_by is None:
+                self.record.ws_close_code, self.record.ws_closed_by = tracker.close_code, "client"
         self._send_up(data)
 
     def request_complete(self) -> None:
@@ -378,6 +394,12 @@ class Exchange:
         kind = type(event)
         client = self.client
         if kind is ResponseBodyReceived or kind is TunnelBytes:
+            tracker = self.ws_down
+            if tracker is not None:
+                tracker.feed(event.data)  # type: ignore[attr-defined]
+                if tracker.close_code is not None and self.record.ws_closed_by is None:
+                    self.record.ws_close_code = tracker.close_code
+                    self.record.ws_closed_by = "backend"
             client.response_data(self, event.data)  # type: ignore[attr-defined]
         elif kind is ResponseHeadReceived:
             record = self.record
@@ -392,7 +414,9 @@ class Exchange:
             self._end_stream()
         elif kind is WebSocketAccepted:
             self.upgraded = True
+            self.ws_down = FrameTracker()
             self.record.protocol = "ws"
+            self.record.status = 101
             client.upgraded(self)
         elif kind is WebSocketRefused:
             self._fault(Fault.INVALID, reason="backend answered the upgrade with a bad handshake")

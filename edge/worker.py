@@ -308,7 +308,10 @@ class EdgeWorker:
             transfer_ms = round((now - record.first_byte) * 1000, 3)
         if self.access_log is None:
             return
-        extra = {"reason": record.reason} if record.reason else {}
+        extra: dict[str, object] = {"reason": record.reason} if record.reason else {}
+        if protocol == "ws":
+            extra["ws_close_code"] = record.ws_close_code
+            extra["ws_closed_by"] = record.ws_closed_by
         handshake = facts.tls_handshake_s
         self.access_log.log(
             client_ip=client_ip,

@@ -377,6 +377,46 @@ def test_a_websocket_closed_right_after_a_large_message_delivers_it_whole(
         assert reader.read_to_end() == "close_notify"
 
 
+def test_a_websocket_is_logged_at_its_end_with_its_close_code_and_who_sent_it(
+    stack: Stack,
+) -> None:
+    """One access-log line when the session ends: duration, bytes each way, and
+    the first Close frame's code and sender (the edge follows the frames)."""
+    message = os.urandom(70_000)  # a 64-bit length field on the way back
+    with tls_connect(stack.https_port, stack.pki) as tls:
+        tls.sendall(
+            b"GET /ws?close-code HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 13\r\n\r\n"
+        )
+        reader = WsReader(tls)
+        assert reader.read_head().startswith(b"HTTP/1.1 101")
+        tls.sendall(ws_frame(0x2, message[:100]))  # split: a frame across writes
+        time.sleep(0.05)
+        tls.sendall(ws_frame(0x2, message)[:50])
+        time.sleep(0.05)
+        tls.sendall(ws_frame(0x2, message)[50:] + ws_frame(0x8, (4001).to_bytes(2, "big")))
+        assert reader.read_frame()[0] == 0x2 and reader.read_frame()[0] == 0x2
+        opcode, payload = reader.read_frame()
+        assert (opcode, payload[:2]) == (0x8, (4001).to_bytes(2, "big"))
+        reader.read_to_end()
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [
+            json.loads(line)
+            for line in stack.log.read_text(errors="replace").splitlines()
+            if line.startswith('{"ts"') and '"/ws?close-code"' in line
+        ]
+        if lines or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    (line,) = lines
+    assert (line["protocol"], line["status"]) == ("ws", 101)
+    assert (line["ws_close_code"], line["ws_closed_by"]) == (4001, "client")
+    assert line["bytes_in"] > 70_100 and line["bytes_out"] > 70_100
+    assert line["duration_ms"] >= 100
+
+
 def ws_frame(opcode: int, payload: bytes) -> bytes:
     """One masked client frame (RFC 6455 §5.2)."""
     mask = os.urandom(4)
