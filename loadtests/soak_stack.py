@@ -48,7 +48,8 @@ class Ports:
 
 
 def edge_toml(keys: Pki, ports: Ports) -> str:
-    """One worker, no access log (thousands of lines a second otherwise)."""
+    """One worker, no access log (thousands of lines a second otherwise), no cap
+    per client address (every client is 127.0.0.1)."""
     return f"""
 [edge]
 id = "soak-edge"
@@ -65,6 +66,11 @@ key = "{keys.server.key}"
 
 [http]
 access_log = ""
+
+[limits]
+# The soak's thousands of WebSockets all come from 127.0.0.1.
+max_connections = 20000
+max_connections_per_client_ip = 20000
 
 [admin]
 address = "127.0.0.1:{ports.edge_admin}"
@@ -90,6 +96,7 @@ id = "soak-origin"
 workers = 1
 drain_timeout_s = 2.0
 log_level = "warning"
+access_log = ""
 
 [tunnel_listener]
 address = "127.0.0.1:{ports.tunnel}"
