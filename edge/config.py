@@ -34,6 +34,15 @@ class EdgeSection:
     """Worker processes sharing the listeners; 0 means one per CPU."""
     drain_timeout_s: float = 30.0
     """On SIGTERM: how long in-flight requests may finish before being cut."""
+    drain_websocket_window_s: float = 10.0
+    """On SIGTERM the edge closes each WebSocket itself (Close 1001, "going
+    away", to both ends, between frames) at a random moment within this window,
+    so clients reconnect spread out rather than as one wave (HAProxy's
+    close-spread-time). Capped at drain_timeout_s; 0: all at once."""
+
+    def __post_init__(self) -> None:
+        if self.drain_websocket_window_s < 0 or self.drain_timeout_s < 0:
+            raise ValueError("drain_timeout_s and drain_websocket_window_s must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)

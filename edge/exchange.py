@@ -42,7 +42,7 @@ from edge.http1 import (
     WebSocketAccepted,
     WebSocketRefused,
 )
-from edge.ws_frames import FrameTracker
+from edge.ws_frames import CLOSE_GOING_AWAY, FrameTracker, close_frame
 from tunnel.aio.stream import StreamResetError
 from tunnel.mux import ErrorCode
 from tunnel.mux.errors import MuxError
@@ -52,6 +52,11 @@ if TYPE_CHECKING:
     from tunnel.aio.stream import TunnelStream
 
 __all__ = ["Exchange", "ExchangeClient", "ExchangeServices", "RequestRecord"]
+
+
+#: Exchange.ws_close_sent: the edge's Close went to the backend / to the client.
+_CLOSE_SENT_UP = 1
+_CLOSE_SENT_DOWN = 2
 
 
 @dataclass(slots=True)
@@ -196,6 +201,8 @@ class Exchange:
         "upgraded",
         "upstream_active_at",
         "websocket_key",
+        "ws_close_sent",
+        "ws_closing",
         "ws_down",
         "ws_up",
     )
@@ -234,6 +241,10 @@ class Exchange:
         # a Close of our own may go. The client's may precede the 101.
         self.ws_up = FrameTracker() if self.websocket_key is not None else None
         self.ws_down: FrameTracker | None = None
+        #: The edge is closing the WebSocket (a drain): a Close to each side at its
+        #: next frame boundary; a side that has had its Close is relayed no more.
+        self.ws_closing = 0
+        self.ws_close_sent = 0  # _CLOSE_SENT_UP | _CLOSE_SENT_DOWN
 
     # -- the front end's calls -------------------------------------------------------
 
@@ -261,6 +272,8 @@ class Exchange:
         self.record.bytes_in += len(data)
         tracker = self.ws_up
         if tracker is not None:
+            if self.ws_closing:
+                data = self._until_close(tracker, data, up=True)
             tracker.feed(data)
             if tracker.close_code is not None and self.record.ws_closed_by is None:
                 self.record.ws_close_code, self.record.ws_closed_by = tracker.close_code, "client"
@@ -275,6 +288,42 @@ class Exchange:
         stream = self.stream
         if stream is not None and self.upgraded:
             stream.write_eof()
+
+    def close_websocket(self, code: int = CLOSE_GOING_AWAY) -> None:
+        """End an accepted WebSocket from the edge (a drain): a Close with
+        ``code`` to the client and, masked as a client's, to the backend, each at
+        its direction's next frame boundary. Then the Close replies end it as
+        any close does (the backend ends the stream, the edge the connection)."""
+        if not self.upgraded or self.finished or self.ws_closing:
+            return
+        self.ws_closing = code
+        record = self.record
+        if record.ws_closed_by is None:
+            record.ws_close_code, record.ws_closed_by = code, "edge"
+        self._until_close(self.ws_down, b"", up=False)  # type: ignore[arg-type]
+        self._until_close(self.ws_up, b"", up=True)  # type: ignore[arg-type]
+
+    def _until_close(self, tracker: FrameTracker, data: bytes, *, up: bool) -> bytes:
+        """While closing: relay what of ``data`` finishes the frame in progress,
+        then the Close once at a boundary. Returns what is left to relay the
+        normal way: nothing (after its Close a side is sent no more frames)."""
+        side = _CLOSE_SENT_UP if up else _CLOSE_SENT_DOWN
+        if self.ws_close_sent & side:
+            return b""
+        keep = tracker.until_boundary(data)
+        if keep:
+            tracker.feed(data[:keep])
+            self._relay(data[:keep], up=up)
+        if tracker.at_boundary:
+            self._relay(close_frame(self.ws_closing, masked=up), up=up)
+            self.ws_close_sent |= side
+        return b""
+
+    def _relay(self, data: bytes, *, up: bool) -> None:
+        if up:
+            self._send_up(data)
+        else:
+            self.client.response_data(self, data)
 
     def cancel(self, outcome: str = "client_closed", reason: str = "") -> None:
         """The client is gone (or the front end gives up): stop, quietly."""
@@ -394,13 +443,17 @@ class Exchange:
         kind = type(event)
         client = self.client
         if kind is ResponseBodyReceived or kind is TunnelBytes:
+            data = event.data  # type: ignore[attr-defined]
             tracker = self.ws_down
             if tracker is not None:
-                tracker.feed(event.data)  # type: ignore[attr-defined]
+                if self.ws_closing:
+                    data = self._until_close(tracker, data, up=False)
+                tracker.feed(data)
                 if tracker.close_code is not None and self.record.ws_closed_by is None:
                     self.record.ws_close_code = tracker.close_code
                     self.record.ws_closed_by = "backend"
-            client.response_data(self, event.data)  # type: ignore[attr-defined]
+            if data:
+                client.response_data(self, data)
         elif kind is ResponseHeadReceived:
             record = self.record
             if not record.first_byte:

@@ -56,6 +56,7 @@ from edge.http1 import (
 from edge.ledger import OutputLedger
 from edge.services import ClientFacts, EdgeServices
 from edge.stream_metadata import connection_metadata, peer_address
+from edge.ws_frames import CLOSE_GOING_AWAY
 from tunnel.runtime.logs import LogThrottle
 
 __all__ = ["Http1Connection"]
@@ -468,9 +469,13 @@ class Http1Connection(asyncio.Protocol):
         if missed is not None:
             self._time_out(missed)
 
-    def drain(self) -> None:
+    def drain(self, websocket_close_in_s: float = 0.0) -> None:
         if self.phase in (Phase.IDLE, Phase.HEAD):
             self._close()
+        elif self.phase is Phase.TUNNEL and self.exchange is not None:
+            asyncio.get_running_loop().call_later(
+                websocket_close_in_s, self.exchange.close_websocket, CLOSE_GOING_AWAY
+            )
 
     def close_now(self, reason: str) -> None:
         log.debug("closing %s: %s", self.client_ip, reason)

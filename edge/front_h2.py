@@ -64,6 +64,7 @@ from edge.http1 import (
 from edge.ledger import OutputLedger
 from edge.services import ClientFacts, EdgeServices
 from edge.stream_metadata import connection_metadata, peer_address
+from edge.ws_frames import CLOSE_GOING_AWAY
 from tunnel.runtime.logs import LogThrottle
 
 __all__ = ["Http2Connection"]
@@ -655,13 +656,20 @@ class Http2Connection(asyncio.Protocol):
                 if now - exchange.upstream_active_at > limit:
                     exchange.time_out()
 
-    def drain(self) -> None:
+    def drain(self, websocket_close_in_s: float = 0.0) -> None:
         """GOAWAY(NO_ERROR): the streams open finish, new ones are refused
-        (REFUSED_STREAM, safe to retry: RFC 9113 §6.8); closes when done.
+        (REFUSED_STREAM, safe to retry: RFC 9113 §6.8); closes when done. Its
+        WebSockets (RFC 8441 streams) get the edge's Close after
+        ``websocket_close_in_s``.
 
         The frame is written here, not with ``H2Connection.close_connection``:
         h2's state machine treats a sent GOAWAY as the end of the connection
         and would refuse the responses of the streams still open."""
+        loop = asyncio.get_running_loop()
+        for stream in self._streams.values():
+            exchange = stream.exchange
+            if exchange is not None and exchange.upgraded:
+                loop.call_later(websocket_close_in_s, exchange.close_websocket, CLOSE_GOING_AWAY)
         if not self._going_away:
             self._going_away = True
             self._flush()

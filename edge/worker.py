@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import logging
 import os
+import random
 import socket
 import sys
 import time
@@ -180,8 +181,12 @@ class EdgeWorker:
             tls_listener.close()
         for task in self._tasks:
             task.cancel()
+        # WebSockets closed at random moments over the window: their clients
+        # reconnect spread out, not as one wave.
+        edge = self.config.edge
+        window = min(edge.drain_websocket_window_s, edge.drain_timeout_s)
         for connection in list(self.connections):
-            connection.drain()
+            connection.drain(random.uniform(0.0, window))
         deadline = time.monotonic() + self.config.edge.drain_timeout_s
         while self.connections and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

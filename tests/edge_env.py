@@ -83,6 +83,7 @@ def write_edge_config(
     extra_top: str = "",
     tls_table: str = "",
     certificate: CertPaths | None = None,
+    edge_keys: str = "",
 ) -> Path:
     """``tls_table``: keys of [tls] itself; ``tls_extra``: keys of the first
     [[tls.certificates]] entry and more entries; ``certificate``: the first
@@ -112,6 +113,7 @@ backoff_cap_s = 0.5
 id = "test-edge"
 workers = {workers}
 drain_timeout_s = 5.0
+{edge_keys}
 
 [[listeners]]
 address = "127.0.0.1:{https_port}"
@@ -274,6 +276,7 @@ def edge_stack(
     origin_pool_extra: str = "",
     nodes: int = 1,
     edge_env: dict[str, str] | None = None,
+    edge_keys: str = "",
 ) -> Iterator[Stack]:
     """``nodes`` Node backends (or ``backend_port``), the real origin balancer and an edge."""
     procs = Processes()
@@ -309,6 +312,7 @@ def edge_stack(
         extra_top=extra_top,
         tls_table=tls_table,
         certificate=certificate,
+        edge_keys=edge_keys,
     )
     log = tmp / "edge.log"
     edge = start_edge(procs, config, log, edge_env)
