@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
 
-.PHONY: venv node tools test lint demo dist bench-keepalive-race bench-tunnel bench-edge bench-tls-floor wan drill apt-base soak clean
+.PHONY: venv node tools test lint demo dist bench-keepalive-race bench-tunnel bench-edge bench-tls-floor wan drill restart-test apt-base soak clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy), the WAN emulator (iptables, libnetfilter-queue), the
@@ -106,6 +106,11 @@ wan: $(STAMPS)/py-load node
 # The operator's drill on the emulated WAN: which hop got slower, from the status pages.
 drill: $(STAMPS)/py-load node
 	$(PY) -m loadtests.wan.drill
+
+# A restart of the edge under keep-alive load and 200 WebSockets, as systemctl
+# restart does with geoedge-edge.socket: what clients notice.
+restart-test: $(STAMPS)/py-load node
+	$(PY) -m loadtests.restart
 
 # 30 minutes by default; e.g. make soak SOAK_ARGS="--websockets 9000 --cycles 3"
 soak: $(STAMPS)/py-load node

@@ -149,20 +149,14 @@ class SoakStack:
 
     def start(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
+        self.start_backends_and_origin(timeout_s)
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        for index, port in enumerate(self.ports.nodes):
-            node = self._spawn(f"node{index}", ["node", str(NODE_APP), str(port)])
-            edge_stack.wait_port(port, deadline, node, self.log(f"node{index}"))
-        (self.workdir / "origin.toml").write_text(origin_toml(self.keys, self.ports))
         (self.workdir / "edge.toml").write_text(edge_toml(self.keys, self.ports))
-        python = [sys.executable, "-m"]
-        origin = self._spawn(
-            "origin", [*python, "origin", "--config", str(self.workdir / "origin.toml")], env=env
-        )
         edge = self._spawn(
             "edge",
             [
-                *python,
+                sys.executable,
+                "-m",
                 "edge",
                 "--config",
                 str(self.workdir / "edge.toml"),
@@ -171,11 +165,25 @@ class SoakStack:
             ],
             env=env,
         )
-        edge_stack.wait_port(self.ports.tunnel, deadline, origin, self.log("origin"))
         edge_stack.wait_port(self.ports.edge, deadline, edge, self.log("edge"))
         edge_stack.wait_healthy(self.ports.edge_admin, deadline, "the edge", self.log("edge"))
         for name in ("edge", "origin"):
             self.workers[name] = self._worker(name, deadline)
+
+    def start_backends_and_origin(self, timeout_s: float = 60.0) -> None:
+        """The Node backends and the origin (the edge is the caller's to start)."""
+        deadline = time.monotonic() + timeout_s
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        for index, port in enumerate(self.ports.nodes):
+            node = self._spawn(f"node{index}", ["node", str(NODE_APP), str(port)])
+            edge_stack.wait_port(port, deadline, node, self.log(f"node{index}"))
+        (self.workdir / "origin.toml").write_text(origin_toml(self.keys, self.ports))
+        origin = self._spawn(
+            "origin",
+            [sys.executable, "-m", "origin", "--config", str(self.workdir / "origin.toml")],
+            env=env,
+        )
+        edge_stack.wait_port(self.ports.tunnel, deadline, origin, self.log("origin"))
 
     def log(self, name: str) -> Path:
         return self.workdir / f"{name}.log"
