@@ -190,7 +190,14 @@ class PoolConfig:
     connect_retries: int = 2
     """Other backends tried when a connect fails (nothing was sent yet)."""
     max_connections_per_backend: int = 0
-    """Streams one worker sends to one backend at once; 0: no cap."""
+    """Streams (requests) one worker sends to one backend at once; 0: no cap.
+    When every usable backend is at its cap, new streams queue (below)."""
+    queue_timeout_s: float = 5.0
+    """How long a stream may wait for a backend slot (HAProxy's timeout queue);
+    past it the stream is reset with NO_BACKEND (the edge answers 503).
+    0: no queue, a stream that finds every backend at its cap fails at once."""
+    max_queued: int = 1024
+    """Streams one worker queues per pool; beyond it new ones fail at once."""
     keepalive_idle_s: float = 3.0
     """How long a backend connection left idle by a finished stream is kept for
     the next stream to the same backend (HTTP keep-alive reuse). Keep it below
@@ -234,6 +241,8 @@ class PoolConfig:
             raise ValueError("slow_start_s must be >= 0")
         if self.keepalive_idle_s < 0 or self.keepalive_max_idle < 0:
             raise ValueError("keepalive_idle_s and keepalive_max_idle must be >= 0")
+        if self.queue_timeout_s < 0 or self.max_queued < 0:
+            raise ValueError("queue_timeout_s and max_queued must be >= 0")
         if self.response_timeout_s < 0 or self.read_timeout_s < 0:
             raise ValueError("response_timeout_s and read_timeout_s must be >= 0 (0: none)")
         if any(not prefix.startswith("/") for prefix in self.long_poll_prefixes):

@@ -84,6 +84,7 @@ class Splice(asyncio.Protocol):
         "on_idle",
         "opened_at",
         "pool",
+        "queued_s",
         "reused",
         "status",
         "stream",
@@ -115,6 +116,7 @@ class Splice(asyncio.Protocol):
         self.first_byte_at = 0.0
         self.last_up = self.opened_at  # the last octet from the edge (deadlines)
         self.status = 0  # the backend's response status, from its first octets
+        self.queued_s = 0.0  # time spent waiting for a backend slot (origin.queue)
 
     # -- stream side (asyncio.Protocol of the TunnelStream) -----------------------------
 

@@ -95,6 +95,18 @@ class WorkerMetrics:
             by,
             buckets=_LATENCY_BUCKETS,
         )
+        self.queue_length = m.gauge(
+            "queue_length",
+            "Streams waiting for a backend slot (every usable backend at its cap).",
+            ("pool",),
+            mode="livesum",
+        )
+        self.queue_seconds = m.histogram(
+            "queue_seconds",
+            "Time streams waited for a backend slot (served or given up).",
+            ("pool",),
+            buckets=_LATENCY_BUCKETS,
+        )
         self.stream_seconds = m.histogram(
             "stream_duration_seconds",
             "Streams from their arrival at the origin to their end (WebSocket: the session).",

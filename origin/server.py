@@ -46,6 +46,7 @@ from origin.config import OriginConfig
 from origin.forward import BackendProtocol, Splice, proxy_preamble
 from origin.keepalive import IdleBackends
 from origin.metrics import WorkerMetrics
+from origin.queue import StreamQueue
 from origin.snapshot import PoolSnapshot, decode_snapshots
 from tunnel.aio.connection import PeerRefused, TunnelConnection
 from tunnel.aio.stream import TunnelStream
@@ -142,6 +143,7 @@ class OriginWorker:
         self._server: asyncio.Server | None = None
         self._connections: set[TunnelConnection] = set()
         self._splices: set[Splice] = set()
+        self._queues: dict[str, StreamQueue] = {}
         self.idle = IdleBackends(self._loop, clock)
         self._draining = False
         self._shutdown_task: asyncio.Task[None] | None = None
@@ -301,15 +303,25 @@ class OriginWorker:
         key = client[0].encode() if client else b""
         settings = pool.settings
         tried: list[Backend] = []
-        for attempt in range(settings.connect_retries + 1):
+        attempt = 0
+        queue_deadline = 0.0
+        while attempt <= settings.connect_retries:
             now = self._clock()
             backend = pool.choose(now, key, tried)
             if backend is None:
+                if not tried and self._must_queue(pool, now):
+                    # Every usable backend is at its cap: wait in line for a slot.
+                    queue_deadline = queue_deadline or now + settings.queue_timeout_s
+                    if await self._wait_for_slot(splice, pool, queue_deadline):
+                        continue
+                    self._fail(splice, pool.name, ErrorCode.NO_BACKEND, "QUEUE_TIMEOUT")
+                    return
                 code = ErrorCode.NO_BACKEND if not tried else ErrorCode.CONNECT_FAILED
                 self._fail(splice, pool.name, code)
                 return
             if attempt:
                 self.metrics.connect_retries.labels(pool.name).inc()
+            attempt += 1
             backend.active += 1
             reused = self.idle.take(backend)
             if reused is not None:
@@ -328,6 +340,7 @@ class OriginWorker:
                 raise
             except (OSError, TimeoutError) as exc:
                 backend.active -= 1
+                self._slot_freed(pool.name)
                 self._connect_failed(pool, backend, exc)
                 tried.append(backend)
                 continue
@@ -429,8 +442,47 @@ class OriginWorker:
         elif self._debug:
             log.debug("connect to %s failed: %s", backend.address, exc)
 
-    def _fail(self, splice: Splice, pool: str, code: ErrorCode) -> None:
-        self.metrics.stream_failures.labels(pool, code.name).inc()
+    def _must_queue(self, pool: BackendPool, now: float) -> bool:
+        settings = pool.settings
+        return (
+            settings.max_connections_per_backend > 0
+            and settings.queue_timeout_s > 0
+            and pool.usable(now)
+        )
+
+    async def _wait_for_slot(self, splice: Splice, pool: BackendPool, deadline: float) -> bool:
+        """Queue behind the pool's other waiters until a stream ends (True) or
+        ``deadline`` passes or the queue is full (False)."""
+        queue = self._queues.get(pool.name)
+        if queue is None:
+            queue = self._queues[pool.name] = StreamQueue(pool.settings.max_queued)
+        queue.max_queued = pool.settings.max_queued
+        future: asyncio.Future[None] = self._loop.create_future()
+        if not queue.join(future):
+            return False
+        started = self._clock()
+        length = self.metrics.queue_length.labels(pool.name)
+        length.inc()
+        try:
+            async with asyncio.timeout(max(0.0, deadline - started)):
+                await future
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            queue.leave(future)
+            length.dec()
+            waited = self._clock() - started
+            splice.queued_s += waited
+            self.metrics.queue_seconds.labels(pool.name).observe(waited)
+
+    def _slot_freed(self, pool: str) -> None:
+        queue = self._queues.get(pool)
+        if queue is not None and len(queue):
+            queue.wake_next()
+
+    def _fail(self, splice: Splice, pool: str, code: ErrorCode, reason: str = "") -> None:
+        self.metrics.stream_failures.labels(pool, reason or code.name).inc()
         if self._debug:
             log.debug("stream reset: %s (pool %s)", code.name, pool)
         splice.fail(code)
@@ -446,6 +498,7 @@ class OriginWorker:
         backend.active -= 1
         tag = backend.tag
         tag.active.dec()
+        self._slot_freed(tag.pool)
         if splice.bytes_up:
             tag.bytes_up.inc(splice.bytes_up)
         if splice.bytes_down:
@@ -483,6 +536,7 @@ class OriginWorker:
             connect_ms=(
                 round((splice.connected_at - opened) * 1000, 3) if splice.connected_at else None
             ),
+            queue_ms=round(splice.queued_s * 1000, 3) if splice.queued_s else None,
             outcome=stream_outcome(code),
         )
 

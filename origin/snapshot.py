@@ -52,6 +52,8 @@ class PoolSnapshot:
     connect_timeout_s: float = 2.0
     connect_retries: int = 2
     max_connections_per_backend: int = 0
+    queue_timeout_s: float = 5.0
+    max_queued: int = 1024
     keepalive_idle_s: float = 3.0
     keepalive_max_idle: int = 64
     slow_start_s: float = 0.0
@@ -72,6 +74,8 @@ class PoolSnapshot:
             connect_timeout_s=pool.connect_timeout_s,
             connect_retries=pool.connect_retries,
             max_connections_per_backend=pool.max_connections_per_backend,
+            queue_timeout_s=pool.queue_timeout_s,
+            max_queued=pool.max_queued,
             keepalive_idle_s=pool.keepalive_idle_s,
             keepalive_max_idle=pool.keepalive_max_idle,
             slow_start_s=pool.slow_start_s,

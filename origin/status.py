@@ -44,6 +44,7 @@ class OriginStatus:
             ("workers", Cell(f"{running}/{target}", "" if running else "bad")),
             ("streams", cell(streams, "/s")),
             ("failed", cell(failures, "/s", bad=0.01)),
+            ("queued", cell(sum(w.gauge("geoedge_origin_queue_length", ()).values()), warn=1)),
             ("window", Cell(f"{w.seconds:.0f} s")),
         ]
         return StatusPage(
