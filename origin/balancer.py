@@ -14,7 +14,8 @@ Algorithms (:class:`BackendPool` picks one per pool):
 - ``weighted``: nginx's *smooth* weighted round robin: each pick adds every
   backend's weight to its ``current``, takes the largest, and subtracts the
   total from the winner. Weights 5,1,1 give ``a a b a c a a``, not ``a a a a a b c``.
-- ``consistent_hash`` on the client IP: a hash ring with virtual nodes
+- ``consistent_hash`` on the pool's ``hash_key`` (the client IP by default; a
+  path, header or cookie: :mod:`origin.hash_key`): a hash ring with virtual nodes
   (Ketama-style, 100 points per unit of weight). Chosen over Maglev because
   an unavailable backend (down, drained, at its cap) is skipped by walking
   to the next point of the ring: nothing is rebuilt when health flips, and
@@ -28,6 +29,16 @@ ejection) has its weight ramped linearly from 5% to 100% over
 ``slow_start_s``, which steers least_connections and weighted; round_robin
 ignores weights and consistent_hash ignores slow start (moving keys during a
 ramp would defeat the stickiness it is for).
+
+Every decision is per stream, and a stream is one request: a keep-alive client
+connection is balanced request by request. Counts are per worker: each worker
+balances the streams its tunnel connections carry with its own in-flight
+counts, without sharing them. Sharing (a shared-memory array of counters)
+would put a cross-process write on every stream start and end for a gain
+that shrinks as load grows (each worker's share of the streams is itself
+spread evenly; the per-request spread test, 4 backends and 8 keep-alive
+clients, stays within 10% of the mean); caps (``max_connections_per_backend``)
+are per worker for the same reason.
 
 Passive ejection: ``failures`` consecutive connect failures in this worker
 eject a backend for ``eject_base_s``, doubling with each ejection in a row up

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from origin.hash_key import HashKey
 from tunnel.aio.transport import TunnelListenerConfig, is_host_name, parse_host_port
 from tunnel.mux import SessionConfig
 from tunnel.runtime.config import load_config
@@ -182,7 +183,11 @@ class PoolConfig:
     """Streams whose host matches no pool go to the default pool."""
     algorithm: Algorithm = "least_connections"
     """least_connections, round_robin, weighted (smooth weighted round robin)
-    or consistent_hash (on the client IP, for stickiness)."""
+    or consistent_hash (on ``hash_key``, for stickiness)."""
+    hash_key: str = "client_ip"
+    """What consistent_hash hashes: client_ip, path, header:<name> (e.g.
+    header:x-user) or cookie:<name> (e.g. cookie:session); a request without
+    the header or cookie falls back to its client address."""
     proxy_protocol: ProxyProtocolMode = "off"
     """Send a PROXY protocol header (v1 or v2) with the client address first."""
     connect_timeout_s: float = 2.0
@@ -241,6 +246,7 @@ class PoolConfig:
             raise ValueError("slow_start_s must be >= 0")
         if self.keepalive_idle_s < 0 or self.keepalive_max_idle < 0:
             raise ValueError("keepalive_idle_s and keepalive_max_idle must be >= 0")
+        HashKey.parse(self.hash_key)
         if self.queue_timeout_s < 0 or self.max_queued < 0:
             raise ValueError("queue_timeout_s and max_queued must be >= 0")
         if self.response_timeout_s < 0 or self.read_timeout_s < 0:

@@ -44,6 +44,7 @@ from origin.balancer import (
 )
 from origin.config import OriginConfig
 from origin.forward import BackendProtocol, Splice, proxy_preamble
+from origin.hash_key import MAX_HEAD, HashKey, key_for, needs_head
 from origin.keepalive import IdleBackends
 from origin.metrics import WorkerMetrics
 from origin.queue import StreamQueue
@@ -62,6 +63,8 @@ throttled = LogThrottle(log)
 
 #: How often edge RTTs are published to the metrics.
 EDGE_METRICS_INTERVAL_S = 2.0  # and the process' own gauges
+#: How long a stream hashed on a header or cookie waits for its request head.
+HEAD_WAIT_S = 0.1
 #: How often stream deadlines are checked (their resolution).
 DEADLINE_SWEEP_S = 1.0
 
@@ -299,9 +302,9 @@ class OriginWorker:
             return
         stream = splice.stream
         metadata = stream.metadata if stream is not None else None
-        client = metadata.client_address if metadata is not None else None
-        key = client[0].encode() if client else b""
         settings = pool.settings
+        hashed = settings.algorithm == "consistent_hash"
+        key = await self._hash_key(settings, stream) if hashed else b""
         tried: list[Backend] = []
         attempt = 0
         queue_deadline = 0.0
@@ -441,6 +444,25 @@ class OriginWorker:
             )
         elif self._debug:
             log.debug("connect to %s failed: %s", backend.address, exc)
+
+    async def _hash_key(self, settings: PoolSnapshot, stream: TunnelStream | None) -> bytes:
+        """What consistent_hash hashes for this stream (origin.hash_key). A key in
+        the request head waits (briefly) for the head: it follows OPEN at once."""
+        metadata = stream.metadata if stream is not None else None
+        client = metadata.client_address if metadata is not None else None
+        client_ip = client[0] if client else ""
+        target = metadata.target if metadata is not None else None
+        key = HashKey.parse(settings.hash_key)
+        head = b""
+        if needs_head(key) and stream is not None:
+            deadline = self._clock() + HEAD_WAIT_S
+            head = stream.held()
+            while b"\r\n\r\n" not in head and len(head) < MAX_HEAD:
+                if self._clock() > deadline:
+                    break  # no whole head yet: the client address it is
+                await asyncio.sleep(0.002)
+                head = stream.held()
+        return key_for(key, client_ip, target, head)
 
     def _must_queue(self, pool: BackendPool, now: float) -> bool:
         settings = pool.settings

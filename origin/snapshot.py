@@ -48,6 +48,7 @@ class PoolSnapshot:
     hosts: tuple[str, ...] = ()
     default: bool = False
     algorithm: str = "least_connections"
+    hash_key: str = "client_ip"
     proxy_protocol: str = "off"
     connect_timeout_s: float = 2.0
     connect_retries: int = 2
@@ -70,6 +71,7 @@ class PoolSnapshot:
             hosts=pool.hosts,
             default=pool.default,
             algorithm=pool.algorithm,
+            hash_key=pool.hash_key,
             proxy_protocol=pool.proxy_protocol,
             connect_timeout_s=pool.connect_timeout_s,
             connect_retries=pool.connect_retries,

@@ -154,6 +154,11 @@ class TunnelStream(asyncio.Transport):
     def is_reading(self) -> bool:
         return not self._reading_paused
 
+    def held(self) -> bytes:
+        """The octets received while reading was paused, not yet delivered (the
+        origin reads a request's head here to choose a backend by a header)."""
+        return b"".join(self._held)
+
     def get_write_buffer_size(self) -> int:
         return self._connection._stream_buffered(self.stream_id)
 
