@@ -45,6 +45,7 @@ from typing import Any
 
 import uvloop
 from aiohttp import web
+from prometheus_client.metrics_core import Metric
 
 from origin.admission import TlsAudit
 from origin.config import OriginConfig, load_origin_config
@@ -173,6 +174,7 @@ class OriginDaemon:
             registries=registries,
             routes=self._routes(),
             status=status,
+            keep_metrics=self._current_backends_only,
         )
         try:
             await self.control.start()
@@ -233,6 +235,25 @@ class OriginDaemon:
             return bind_listener(address)
         except OSError as exc:
             raise ListenError("[tunnel_listener] address", address, exc) from None
+
+    def _current_backends_only(self, families: list[Metric]) -> list[Metric]:
+        """The series of backends the pools still have: a backend removed by a
+        reload or by DNS disappears from /metrics with it."""
+        assert self.control is not None
+        current = {
+            (pool, address)
+            for pool, backends in self.control.status().items()
+            for address in backends
+        }
+        for family in families:
+            family.samples = [
+                sample
+                for sample in family.samples
+                if "backend" not in sample.labels
+                or "pool" not in sample.labels
+                or (sample.labels["pool"], sample.labels["backend"]) in current
+            ]
+        return [family for family in families if family.samples]
 
     def _service_state(self) -> tuple[bool, bool, str]:
         """(ready, stopping, STATUS=) for systemd."""

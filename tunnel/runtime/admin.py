@@ -29,7 +29,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from tunnel.aio.transport import parse_host_port
-from tunnel.runtime.metrics import exposition
+from tunnel.runtime.metrics import FamilyFilter, exposition
 from tunnel.runtime.status_page import REFRESH_S, StatusPage, render, render_main
 
 __all__ = ["AdminServer", "HealthReport"]
@@ -61,11 +61,13 @@ class AdminServer:
         registries: Sequence[CollectorRegistry] = (),
         routes: Sequence[web.AbstractRouteDef] = (),
         status: StatusSource | None = None,
+        keep_metrics: FamilyFilter | None = None,
     ) -> None:
         self.address = address
         self._health = health
         self._registries = tuple(registries)
         self._status = status
+        self._keep_metrics = keep_metrics
         self._app = web.Application()
         self._app.add_routes(
             [web.get("/healthz", self._healthz), web.get("/metrics", self._metrics), *routes]
@@ -137,7 +139,7 @@ class AdminServer:
         return web.json_response(self._status.page().as_json(), headers=_NO_STORE)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body, content_type = exposition(self._registries)
+        body, content_type = exposition(self._registries, self._keep_metrics)
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response

@@ -29,7 +29,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -96,9 +96,31 @@ def cleanup_multiprocess(directory: str | os.PathLike[str]) -> None:
         shutil.rmtree(directory)
 
 
-def exposition(registries: Sequence[CollectorRegistry] = ()) -> tuple[bytes, str]:
+#: Drops or rewrites metric families before they are exposed (see :func:`exposition`).
+FamilyFilter = Callable[[list[Metric]], list[Metric]]
+
+
+class _Families:
+    """A collector that yields families collected elsewhere."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Metric]:
+        return self._families
+
+
+def exposition(
+    registries: Sequence[CollectorRegistry] = (), keep: FamilyFilter | None = None
+) -> tuple[bytes, str]:
     """The text format and its content type: every process's metrics merged in
-    multiprocess mode, else the given registries'."""
+    multiprocess mode, else the given registries'. ``keep`` filters the
+    families first (the origin drops the series of backends it no longer has:
+    in multiprocess mode a worker cannot delete a series from its value file)."""
+    if keep is not None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Families(keep(merged_families(registries))))  # type: ignore[arg-type]
+        return generate_latest(registry), CONTENT_TYPE_LATEST
     if multiprocess_enabled():
         merged = CollectorRegistry()
         multiprocess.MultiProcessCollector(merged)
