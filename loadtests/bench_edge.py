@@ -69,6 +69,9 @@ class Settings:
     handshake_concurrency: int = 32
     keepalive_s: float = 5.0
     keepalive_connections: int = 50
+    h2_s: float = 5.0
+    h2_connections: int = 10
+    h2_streams: int = 10
     latency_requests: int = 2000
     websockets: int = 5000
     websocket_concurrency: int = 64
@@ -81,6 +84,7 @@ QUICK = Settings(
     handshake_s=1.0,
     handshake_warmup_s=0.3,
     keepalive_s=1.0,
+    h2_s=1.0,
     latency_requests=200,
     websockets=200,
     settle_s=1.0,
@@ -185,6 +189,38 @@ def keepalive(stack: Stack, settings: Settings) -> dict[str, Any]:
     return {"runs": runs}
 
 
+def http2(stack: Stack, settings: Settings) -> dict[str, Any]:
+    """h2load: many requests in flight on few connections, both chains over h2."""
+    runs: dict[str, list[dict[str, Any]]] = {chain: [] for chain in CHAINS}
+    for index in range(settings.rounds):
+        for chain in alternating(index):
+            url = f"https://127.0.0.1:{port_of(stack, chain)}/"
+            with Measured(stack, chain) as server:
+                run = edge_clients.run_h2load(
+                    client_prefix(),
+                    url,
+                    settings.h2_s,
+                    settings.h2_connections,
+                    settings.h2_streams,
+                )
+            if run.requests == 0 or run.errors >= run.requests:
+                raise RuntimeError(
+                    f"h2load got no good response from {chain} ({run.errors} errors)"
+                )
+            runs[chain].append(
+                {
+                    "per_s": round(run.requests_per_s, 1),
+                    "requests": run.requests,
+                    "errors": run.errors,
+                    "server_cpu_us_per_request": server.per_unit_us(run.requests),
+                    "cpu0_busy": round(server.cpu0_busy, 3),
+                    "client_cpu_share": round(run.client_cpu_share, 3),
+                }
+            )
+            stack.check_alive()
+    return {"runs": runs}
+
+
 def latency(stack: Stack, settings: Settings) -> dict[str, Any]:
     targets = {
         "direct": (stack.ports.node, False),
@@ -263,6 +299,8 @@ def preflight() -> list[str]:
         problems.append(f"{edge_stack.HAPROXY} missing: apt-get install haproxy")
     if shutil.which("wrk") is None:
         problems.append("wrk missing: apt-get install wrk")
+    if shutil.which("h2load") is None:
+        problems.append("h2load missing: apt-get install nghttp2-client")
     if shutil.which("node") is None or not (edge_stack.NODE_APP.parent / "node_modules").is_dir():
         problems.append("Node.js app not installed: make node")
     if shutil.which("taskset") is None:
@@ -309,6 +347,8 @@ def run(
         details["handshakes"] = handshakes(stack, settings, client)
         progress(f"keep-alive: {settings.rounds} x {settings.keepalive_s} s per chain")
         details["keepalive"] = keepalive(stack, settings)
+        progress(f"http/2: {settings.rounds} x {settings.h2_s} s per chain (h2load)")
+        details["http2"] = http2(stack, settings)
         progress("done")
     finally:
         stack.stop()

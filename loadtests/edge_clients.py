@@ -75,6 +75,47 @@ def run_wrk(argv_prefix: list[str], url: str, seconds: float, connections: int) 
     return WrkRun(float(rate.group(1)), int(total.group(1)), errors, cpu / wall)
 
 
+@dataclass(frozen=True, slots=True)
+class H2loadRun:
+    requests_per_s: float
+    requests: int
+    errors: int
+    client_cpu_share: float
+
+
+def run_h2load(
+    argv_prefix: list[str], url: str, seconds: float, connections: int, streams: int
+) -> H2loadRun:
+    """``h2load`` (nghttp2) over HTTP/2: ``connections`` connections with
+    ``streams`` requests in flight on each, for ``seconds`` (after a 1 s warm-up)."""
+    argv = [
+        "h2load", "-t1", f"-c{connections}", f"-m{streams}",
+        f"-D{max(1, round(seconds))}", "--warm-up-time=1", url,
+    ]  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    done = subprocess.run(
+        [*argv_prefix, *argv], capture_output=True, text=True, timeout=seconds + 60, check=False
+    )
+    wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = done.stdout
+    rate = re.search(r"finished in [0-9.]+\w+, ([0-9.]+) req/s", out)
+    counts = re.search(
+        r"requests: [0-9]+ total, [0-9]+ started, ([0-9]+) done, ([0-9]+) succeeded, "
+        r"([0-9]+) failed, ([0-9]+) errored",
+        out,
+    )
+    protocol = re.search(r"Application protocol: (\S+)", out)
+    if done.returncode != 0 or rate is None or counts is None:
+        raise RuntimeError(f"h2load failed ({done.returncode}): {out}{done.stderr}")
+    if protocol is None or protocol.group(1) != "h2":
+        raise RuntimeError(f"h2load did not speak h2 to {url}: {out}")
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    errors = int(counts.group(3)) + int(counts.group(4))
+    return H2loadRun(float(rate.group(1)), int(counts.group(2)), errors, cpu / wall)
+
+
 # ------------------------------------------------------------------ latency
 
 

@@ -10,6 +10,7 @@ CHAINS = ("geoedge", "haproxy")
 TARGETS = {
     "handshakes_ratio": (">=", 0.75),
     "keepalive_ratio": (">=", 0.4),
+    "h2_ratio": (">=", 0.3),
     "added_latency_p50_ms": ("<=", 0.5),
     "ws_rss_kib_per_conn": ("<=", 35.0),
 }
@@ -26,6 +27,7 @@ def median_cost(runs: list[dict[str, Any]], unit: str) -> float:
 def summarize(details: dict[str, Any]) -> dict[str, Any]:
     hs = details["handshakes"]["runs"]
     ka = details["keepalive"]["runs"]
+    h2 = details["http2"]["runs"]
     lat = details["latency"]
     ws = details["websockets"]
     figures: dict[str, Any] = {
@@ -33,6 +35,8 @@ def summarize(details: dict[str, Any]) -> dict[str, Any]:
         "haproxy_handshakes_per_s": best(hs["haproxy"]),
         "keepalive_rps": best(ka["geoedge"]),
         "haproxy_keepalive_rps": best(ka["haproxy"]),
+        "h2_rps": best(h2["geoedge"]),
+        "haproxy_h2_rps": best(h2["haproxy"]),
         "added_latency_p50_ms": round(lat["geoedge"]["p50_ms"] - lat["direct"]["p50_ms"], 3),
         "haproxy_added_latency_p50_ms": round(
             lat["haproxy"]["p50_ms"] - lat["direct"]["p50_ms"], 3
@@ -46,6 +50,7 @@ def summarize(details: dict[str, Any]) -> dict[str, Any]:
     figures["keepalive_ratio"] = round(
         figures["keepalive_rps"] / max(1e-9, figures["haproxy_keepalive_rps"]), 3
     )
+    figures["h2_ratio"] = round(figures["h2_rps"] / max(1e-9, figures["haproxy_h2_rps"]), 3)
     # Informational, and hardly moved by other load on the machine: HAProxy's
     # server CPU per unit of work over geoedge's (the median run of each).
     for phase, unit, key in (
@@ -63,7 +68,7 @@ def summarize(details: dict[str, Any]) -> dict[str, Any]:
 
 def warnings(details: dict[str, Any], websockets: int) -> list[str]:
     found = []
-    for phase in ("handshakes", "keepalive"):
+    for phase in ("handshakes", "keepalive", "http2"):
         for chain, runs in details[phase]["runs"].items():
             for run in runs:
                 done = run.get("connections", run.get("requests", 0))
@@ -100,6 +105,14 @@ def table(figures: dict[str, Any], details: dict[str, Any]) -> str:
             f"{figures['keepalive_ratio']:.2f}",
             ">= 0.4x",
             verdict("keepalive_ratio"),
+        ),
+        (
+            "http/2 req/s (h2load)",
+            f"{figures['h2_rps']:.0f}",
+            f"{figures['haproxy_h2_rps']:.0f}",
+            f"{figures['h2_ratio']:.2f}",
+            ">= 0.3x",
+            verdict("h2_ratio"),
         ),
         (
             "added latency p50 ms",

@@ -251,7 +251,7 @@ defaults
     timeout tunnel 1h
 
 frontend tls
-    bind 127.0.0.1:{ports.haproxy} ssl crt {keys.combined} alpn http/1.1 ssl-min-ver TLSv1.2
+    bind 127.0.0.1:{ports.haproxy} ssl crt {keys.combined} alpn h2,http/1.1 ssl-min-ver TLSv1.2
     option forwardfor
     unique-id-format %{{+X}}o%pid%rt
     unique-id-header X-Request-Id

@@ -35,6 +35,9 @@ POSITIVE = (
     "keepalive_rps",
     "haproxy_keepalive_rps",
     "keepalive_ratio",
+    "h2_rps",
+    "haproxy_h2_rps",
+    "h2_ratio",
     "ws_rss_kib_per_conn",
 )
 
@@ -66,6 +69,7 @@ def test_quick_run_writes_every_figure(tmp_path: Path) -> None:
     assert set(result["passed"]) == {
         "handshakes_ratio",
         "keepalive_ratio",
+        "h2_ratio",
         "added_latency_p50_ms",
         "ws_rss_kib_per_conn",
     }
