@@ -113,11 +113,15 @@ def stream_deadline(
     return settings.read_timeout_s if first_byte_at else settings.response_timeout_s
 
 
-def stream_outcome(code: int | None) -> str:
+def stream_outcome(code: int | None, backend_ended: bool = False) -> str:
     """The access log's ``outcome`` for a stream that ended with ``code``
     (None: a graceful end). IDLE is the edge ending the stream after a whole
-    exchange, so the backend connection can be reused: a success."""
+    exchange, so the backend connection can be reused: a success; so is a
+    CANCEL after the backend ended its response by closing (the connection
+    could not be reused, nothing was cut)."""
     if code is None or code == ErrorCode.IDLE:
+        return "ok"
+    if code == ErrorCode.CANCEL and backend_ended:
         return "ok"
     return ErrorCode.name_of(code).lower()
 
@@ -559,7 +563,7 @@ class OriginWorker:
                 round((splice.connected_at - opened) * 1000, 3) if splice.connected_at else None
             ),
             queue_ms=round(splice.queued_s * 1000, 3) if splice.queued_s else None,
-            outcome=stream_outcome(code),
+            outcome=stream_outcome(code, splice.backend_eof),
         )
 
     # -- edges -------------------------------------------------------------------------

@@ -24,7 +24,8 @@ POOL_EXTRA = 'response_timeout_s = 1.0\nread_timeout_s = 1.0\nlong_poll_prefixes
 
 
 class HangingBackend:
-    """HTTP/1.1 on a thread per connection: /ok answers, /hang-head never does,
+    """HTTP/1.1 on a thread per connection, one request each: /ok answers (and
+    closes), /hang-head never does,
     /hang-body sends a head and 10 of 100 octets then goes silent, /poll answers
     after 2.5 s."""
 
@@ -55,8 +56,10 @@ class HangingBackend:
             if path.startswith("/poll"):
                 time.sleep(2.5)
             if path.startswith(("/ok", "/poll")):
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-            elif path.startswith("/hang-body"):
+                # One request per connection: the origin must not park it for the next.
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+                return
+            if path.startswith("/hang-body"):
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
             conn.settimeout(10)
             try:  # hold the connection until the origin gives up on it

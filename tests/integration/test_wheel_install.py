@@ -172,6 +172,7 @@ def test_init_edge_config_checks_with_certificates_from_geoedge_pki(installed: I
         "cloud-init.yaml",
         "edge.toml",
         "geoedge-edge.service",
+        "geoedge-edge.socket",
     ]
     check = installed.run("geoedge-edge", "--config", str(out / "edge.toml"), "--check")
     assert check.returncode == 0, check.stderr
