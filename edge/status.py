@@ -105,6 +105,8 @@ class EdgeStatus:
         handshake = w.quantile(0.5, "geoedge_edge_tls_handshake_seconds", ("version",))
         handshake95 = w.quantile(0.95, "geoedge_edge_tls_handshake_seconds", ("version",))
         for (version,), p50 in sorted(handshake.items()):
+            if p50 is None:  # a series primed at start that saw nothing yet
+                continue
             rows.append(
                 Row(
                     [
@@ -118,6 +120,8 @@ class EdgeStatus:
         transfer = w.quantile(0.5, "geoedge_edge_response_transfer_seconds", ("protocol",))
         transfer95 = w.quantile(0.95, "geoedge_edge_response_transfer_seconds", ("protocol",))
         for (protocol,), p50 in sorted(transfer.items()):
+            if p50 is None:
+                continue
             rows.append(
                 Row(
                     [
@@ -131,6 +135,8 @@ class EdgeStatus:
         total = w.quantile(0.5, "geoedge_edge_request_duration_seconds", ("protocol",))
         total95 = w.quantile(0.95, "geoedge_edge_request_duration_seconds", ("protocol",))
         for (protocol,), p50 in sorted(total.items()):
+            if p50 is None:
+                continue
             what = "a WebSocket's whole session" if protocol == "ws" else "head to last octet"
             p95 = total95.get((protocol,))
             rows.append(

@@ -223,6 +223,7 @@ class ProcessMetrics:
         self._page = os.sysconf("SC_PAGE_SIZE")
         times = os.times()
         self._last_cpu = times.user + times.system
+        self.sample(event_loop_lag_s=0.0)  # no zero RSS shown before the first tick
 
     def sample(self, *, event_loop_lag_s: float) -> None:
         with contextlib.suppress(OSError, ValueError, IndexError):
