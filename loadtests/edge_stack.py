@@ -209,6 +209,7 @@ id = "bench-origin"
 workers = 1
 drain_timeout_s = 1.0
 log_level = "warning"
+access_log = ""
 
 [tunnel_listener]
 address = "127.0.0.1:{ports.tunnel}"
