@@ -8,8 +8,6 @@ codes, reasons, origin names), never client data.
 
 from __future__ import annotations
 
-import bisect
-
 from prometheus_client import Counter, Gauge, Histogram
 
 CONNECTIONS = Counter("geoedge_edge_connections", "Client connections accepted", ["listener"])
@@ -98,50 +96,3 @@ def prime() -> None:
         TLS_HANDSHAKE_SECONDS.labels(version)
     for protocol in ("h1", "h2", "ws"):
         TRANSFER_SECONDS.labels(protocol)
-
-
-class Tally:
-    """Hot-path counting in plain numbers, added to Prometheus by :meth:`publish`
-    (the worker calls it once a second and the numbers are at most that stale).
-
-    Why: in multiprocess mode every ``inc``/``observe`` takes a lock, calls
-    ``getpid()`` and writes a memory-mapped file (0.85-1.7 us each); per request
-    that was 7% of the edge's CPU in ``make bench-edge``. A dict increment is
-    ~0.1 us, and publishing costs one ``inc`` per label set per second.
-    """
-
-    __slots__ = ("_counts", "_histograms")
-
-    def __init__(self) -> None:
-        self._counts: dict[tuple[Counter, str | tuple[str, ...]], float] = {}
-        # (histogram, labels) -> [per-bucket counts..., sum]
-        self._histograms: dict[tuple[Histogram, tuple[str, ...]], list[float]] = {}
-
-    def add(self, counter: Counter, label: str | tuple[str, ...], amount: float = 1) -> None:
-        """``label``: the label value, or a tuple of them for several labels."""
-        key = (counter, label)
-        self._counts[key] = self._counts.get(key, 0) + amount
-
-    def observe(self, histogram: Histogram, labels: tuple[str, ...], seconds: float) -> None:
-        key = (histogram, labels)
-        counts = self._histograms.get(key)
-        bounds = histogram._upper_bounds  # type: ignore[attr-defined]
-        if counts is None:
-            counts = self._histograms[key] = [0.0] * (len(bounds) + 1)
-        counts[bisect.bisect_left(bounds, seconds)] += 1
-        counts[-1] += seconds
-
-    def publish(self) -> None:
-        counts, self._counts = self._counts, {}
-        for (counter, label), amount in counts.items():
-            child = counter.labels(*label) if isinstance(label, tuple) else counter.labels(label)
-            child.inc(amount)
-        histograms, self._histograms = self._histograms, {}
-        for (histogram, labels), buckets in histograms.items():
-            # prometheus_client keeps per-bucket (non-cumulative) children and a
-            # sum; adding to them is what ``observe`` does one value at a time.
-            child = histogram.labels(*labels)
-            for index, count in enumerate(buckets[:-1]):
-                if count:
-                    child._buckets[index].inc(count)  # type: ignore[attr-defined]
-            child._sum.inc(buckets[-1])  # type: ignore[attr-defined]

@@ -35,7 +35,7 @@ from edge.tls import CertificateStore
 from edge.tls_transport import TlsListener
 from tunnel.aio.stream import TunnelStream
 from tunnel.runtime.logs import AccessLog, LogThrottle
-from tunnel.runtime.metrics import ProcessMetrics
+from tunnel.runtime.metrics import ProcessMetrics, Tally
 
 log = logging.getLogger("geoedge.edge")
 throttled = LogThrottle(log)
@@ -80,7 +80,7 @@ class EdgeWorker:
         self._pid = os.getpid()  # a worker never forks again; getpid is a syscall
         self._id_counter = itertools.count(1)
         self.access_log = _open_access_log(config)
-        self.tally = metrics.Tally()
+        self.tally = Tally()
         metrics.prime()
         self.process_metrics = ProcessMetrics("edge")
         limits = config.limits

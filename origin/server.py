@@ -54,15 +54,16 @@ from tunnel.aio.stream import TunnelStream
 from tunnel.aio.transport import serve_tunnel
 from tunnel.mux import ErrorCode
 from tunnel.runtime.logs import AccessLog, LogThrottle, debug_enabled, log_event
-from tunnel.runtime.metrics import ProcessMetrics
+from tunnel.runtime.metrics import ProcessMetrics, Tally
 
 __all__ = ["OriginWorker", "WorkerStatistics"]
 
 log = logging.getLogger("geoedge.origin")
 throttled = LogThrottle(log)
 
-#: How often edge RTTs are published to the metrics.
-EDGE_METRICS_INTERVAL_S = 2.0  # and the process' own gauges
+#: How often the edges' RTTs, the tally of per-stream counts and the process'
+#: own gauges are published to the metrics: they are at most this stale.
+PUBLISH_INTERVAL_S = 1.0
 #: How long a stream hashed on a header or cookie waits for its request head.
 HEAD_WAIT_S = 0.1
 #: How often stream deadlines are checked (their resolution).
@@ -160,6 +161,8 @@ class OriginWorker:
         #: The worker process' own gauges (None in process: the tests' origins).
         self.process_metrics = ProcessMetrics("origin") if process_metrics else None
         self._streams_total = 0
+        #: Per-stream counts, added to the metrics with the edges' RTTs (Tally).
+        self.tally = Tally()
         self._debug = debug_enabled(log)
         self.apply_snapshots(snapshots)
 
@@ -239,6 +242,7 @@ class OriginWorker:
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
         await asyncio.sleep(0)  # let the aborts' callbacks run
+        self.publish_counts()
         if self.access_log is not None:
             self.access_log.close()
         log.info("worker drained")
@@ -334,7 +338,7 @@ class OriginWorker:
             if reused is not None:
                 splice.reused = True
                 self._started(splice, backend, reused.transport, reused, b"")  # type: ignore[arg-type]
-                backend.tag.reused.inc()
+                self.tally.inc(backend.tag.reused)
                 return
             started = self._clock()
             try:
@@ -353,7 +357,7 @@ class OriginWorker:
                 continue
             record_connect_success(backend)
             splice.connected_at = self._clock()
-            backend.tag.connect_seconds.observe(splice.connected_at - started)
+            self.tally.observe_child(backend.tag.connect_seconds, splice.connected_at - started)
             preamble = proxy_preamble(settings.proxy_protocol, metadata)
             self._started(splice, backend, transport, protocol, preamble)
             return
@@ -402,9 +406,7 @@ class OriginWorker:
         self._streams_total += 1
         if not splice.connected_at:  # a reused connection: it is ours from now
             splice.connected_at = self._clock()
-        tag = backend.tag
-        tag.streams.inc()
-        tag.active.inc()
+        self.tally.inc(backend.tag.streams)
         splice.tag = backend
         splice.attach(transport, preamble, protocol)
 
@@ -523,15 +525,15 @@ class OriginWorker:
             return
         backend.active -= 1
         tag = backend.tag
-        tag.active.dec()
         self._slot_freed(tag.pool)
+        tally = self.tally
         if splice.bytes_up:
-            tag.bytes_up.inc(splice.bytes_up)
+            tally.inc(tag.bytes_up, splice.bytes_up)
         if splice.bytes_down:
-            tag.bytes_down.inc(splice.bytes_down)
+            tally.inc(tag.bytes_down, splice.bytes_down)
         if splice.first_byte_at:
-            tag.first_byte_seconds.observe(splice.first_byte_at - splice.opened_at)
-        tag.stream_seconds.observe(_monotonic() - splice.opened_at)
+            tally.observe_child(tag.first_byte_seconds, splice.first_byte_at - splice.opened_at)
+        tally.observe_child(tag.stream_seconds, _monotonic() - splice.opened_at)
         if code == ErrorCode.UPSTREAM_RESET:
             self.metrics.stream_failures.labels(tag.pool, "UPSTREAM_RESET").inc()
 
@@ -598,7 +600,7 @@ class OriginWorker:
     def _edge_refused(self, reason: str) -> None:
         self.metrics.edges_refused.labels(reason).inc()
 
-    def _publish_edges(self) -> None:
+    def _publish(self) -> None:
         if self.access_log is not None:  # a quiet origin's last lines within seconds
             self.access_log.flush()
         rtts: dict[str, float] = {}
@@ -609,13 +611,23 @@ class OriginWorker:
                 rtts[identity] = max(rtts.get(identity, 0.0), srtt)
         for identity, srtt in rtts.items():
             self.metrics.edge_rtt.labels(identity).set(srtt)
+        self.publish_counts()
         if self.process_metrics is not None:
             self.process_metrics.sample(event_loop_lag_s=self._loop.time() - self._publish_due)
         self._schedule_publish()
 
+    def publish_counts(self) -> None:
+        """Add the tally to the metrics and set the in-flight gauges (at most
+        PUBLISH_INTERVAL_S stale; at once on stop)."""
+        self.tally.publish()
+        for pool in self.pools.values():
+            for backend in pool.backends:
+                if backend.tag is not None:
+                    backend.tag.active.set(backend.active)
+
     def _schedule_publish(self) -> None:
-        self._publish_due = self._loop.time() + EDGE_METRICS_INTERVAL_S
-        self._edge_timer = self._loop.call_at(self._publish_due, self._publish_edges)
+        self._publish_due = self._loop.time() + PUBLISH_INTERVAL_S
+        self._edge_timer = self._loop.call_at(self._publish_due, self._publish)
 
     def splices(self) -> tuple[Splice, ...]:
         """The streams in flight (their byte counts, backends and transports)."""

@@ -14,10 +14,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import pytest
@@ -50,6 +50,8 @@ needs_node = [
         reason="deploy/node-app/node_modules is missing (run `make node`)",
     ),
 ]
+
+T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------- node backends
@@ -309,3 +311,28 @@ def metric_values(text: str, name: str) -> dict[str, float]:
             key, _, value = line.rpartition(" ")
             out[key[len(name) :]] = float(value)
     return out
+
+
+def eventually(measure: Callable[[], T], done: Callable[[T], bool], timeout_s: float = 5.0) -> T:
+    """Measure until ``done`` (a worker publishes its per-stream counts once a
+    second, origin.server.PUBLISH_INTERVAL_S): the last measurement either way,
+    for the caller's assertion to show."""
+    deadline = time.monotonic() + timeout_s
+    value = measure()
+    while not done(value) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        value = measure()
+    return value
+
+
+async def metrics_when(
+    config: OriginConfig, name: str, done: Callable[[float], bool], timeout_s: float = 5.0
+) -> str:
+    """The origin's /metrics once the sum of the family ``name`` satisfies
+    ``done`` (per-stream counts are published once a second), or at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _, text = await admin_request("GET", f"http://{config.admin.address}/metrics")
+        if done(sum(metric_values(text, name).values())) or time.monotonic() > deadline:
+            return text
+        await asyncio.sleep(0.1)

@@ -20,8 +20,8 @@ from tests.conftest import PkiFiles, run_async
 from tests.integration.origin_harness import (
     CLIENT,
     SERVER,
-    admin_request,
     metric_values,
+    metrics_when,
     needs_node,
     node_backends,
     origin_config,
@@ -33,6 +33,8 @@ from tunnel.aio.connection import TunnelConnection
 from tunnel.mux import ErrorCode
 
 pytestmark = needs_node
+
+REUSED = "geoedge_origin_backend_connections_reused_total"
 
 
 async def exchange(
@@ -75,7 +77,8 @@ def run(test_pki: PkiFiles, tmp_path: Path, ends: list[ErrorCode], **settings: A
                     seen.append(await exchange(connection, end=end, client=client))
                     await asyncio.sleep(0.05)  # the RESET reaches the origin first
                 connection.abort()
-                _, text = await admin_request("GET", f"http://{config.admin.address}/metrics")
+                reused = sum(end == ErrorCode.IDLE for end in ends[:-1])
+                text = await metrics_when(config, REUSED, lambda n: n >= reused, timeout_s=2.5)
                 return seen, text
 
         return run_async(main(), 30)
@@ -87,7 +90,7 @@ def test_idle_end_parks_the_backend_connection_for_the_next_stream(
     seen, metrics = run(test_pki, tmp_path, [ErrorCode.IDLE, ErrorCode.IDLE, ErrorCode.CANCEL])
     ports = [s["remote_port"] for s in seen]
     assert ports[0] == ports[1] == ports[2]  # the third took what the second left
-    reused = metric_values(metrics, "geoedge_origin_backend_connections_reused_total")
+    reused = metric_values(metrics, REUSED)
     assert sum(reused.values()) == 2
 
 
@@ -106,9 +109,7 @@ def test_proxy_protocol_pool_gives_each_stream_its_own_connection(
         f"203.0.113.{i + 1}:{40000 + i}" for i in range(3)
     ]
     assert len({s["remote_port"] for s in seen}) == 3
-    assert not sum(
-        metric_values(metrics, "geoedge_origin_backend_connections_reused_total").values()
-    )
+    assert not sum(metric_values(metrics, REUSED).values())
 
 
 def test_a_reused_connection_reset_before_answering_ends_like_a_close(
@@ -146,11 +147,11 @@ def test_a_reused_connection_reset_before_answering_ends_like_a_close(
                 io.write(b"GET /ip HTTP/1.1\r\nHost: app.test\r\n\r\n")
                 data = await io.read_all()
                 error = io.exception
-                _, text = await admin_request("GET", f"http://{config.admin.address}/metrics")
+                text = await metrics_when(config, REUSED, lambda n: n >= 1)
                 connection.abort()
         finally:
             server.close()
-        reused = metric_values(text, "geoedge_origin_backend_connections_reused_total")
+        reused = metric_values(text, REUSED)
         return data, error, sum(reused.values())
 
     data, error, reused = run_async(main(), 30)

@@ -91,7 +91,9 @@ def test_the_origin_page_shows_edges_and_backends(test_pki: PkiFiles, tmp_path: 
 
         def backends() -> list[list[str]] | None:
             rows = table(status(port), "Backends")
-            return rows if rows and rows[0][5] != "-" and rows[0][4] == "0" else None
+            # Streams per second: from the per-stream counts, published once a second.
+            settled = rows and rows[0][5] not in ("-", "0.0/s") and rows[0][4] == "0"
+            return rows if settled else None
 
         rows = until(backends)
         assert rows, "no stream figures on the origin's status page"

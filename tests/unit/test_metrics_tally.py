@@ -1,0 +1,58 @@
+"""The tally adds up to what the same events would have made one by one."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from tunnel.runtime.metrics import Tally
+
+BUCKETS = (0.001, 0.01, 0.1, 1.0)
+SECONDS = [0.0005, 0.001, 0.002, 0.05, 0.05, 0.5, 3.0]
+
+
+def families(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in registry.collect()
+        for sample in family.samples
+        if not sample.name.endswith("_created")
+    }
+
+
+def declare(registry: CollectorRegistry) -> tuple[Counter, Histogram]:
+    counter = Counter("t_requests", "requests", ["status"], registry=registry)
+    histogram = Histogram("t_seconds", "seconds", ["route"], buckets=BUCKETS, registry=registry)
+    return counter, histogram
+
+
+def test_published_tally_equals_direct_updates() -> None:
+    direct, tallied = CollectorRegistry(), CollectorRegistry()
+    d_counter, d_histogram = declare(direct)
+    t_counter, t_histogram = declare(tallied)
+    tally = Tally()
+    child = t_counter.labels("500")
+    for seconds in SECONDS:
+        d_counter.labels("200").inc()
+        tally.add(t_counter, "200")
+        d_counter.labels("500").inc(2)
+        tally.inc(child, 2)
+        d_histogram.labels("/a").observe(seconds)
+        tally.observe(t_histogram, ("/a",), seconds)
+        d_histogram.labels("/b").observe(seconds * 2)
+        tally.observe_child(t_histogram.labels("/b"), seconds * 2)
+    assert families(tallied) != families(direct)  # nothing until published
+    tally.publish()
+    assert families(tallied) == families(direct)
+    tally.publish()  # a second publish adds nothing twice
+    assert families(tallied) == families(direct)
+
+
+def test_a_value_on_a_bucket_bound_counts_in_that_bucket() -> None:
+    registry = CollectorRegistry()
+    _, histogram = declare(registry)
+    tally = Tally()
+    tally.observe(histogram, ("/",), 0.01)
+    tally.publish()
+    values = families(registry)
+    assert values[("t_seconds_bucket", (("le", "0.001"), ("route", "/")))] == 0
+    assert values[("t_seconds_bucket", (("le", "0.01"), ("route", "/")))] == 1
