@@ -300,11 +300,39 @@ class OriginWorker:
         pool = self.pools.get(name) if name is not None else None
         if pool is not None:
             splice.pool = pool.name
-        splice.connect_task = self._loop.create_task(self._connect(splice, pool))
+        self._loop.call_soon(self._begin, splice, pool)
         return splice
 
-    async def _connect(self, splice: Splice, pool: BackendPool | None) -> None:
-        await asyncio.sleep(0)  # connection_made has run: splice.stream is set
+    def _begin(self, splice: Splice, pool: BackendPool | None) -> None:
+        """Serve the stream from a parked connection at once when the pool's
+        choice has one; whatever may wait (a hash key read from the request, a
+        connect, the queue) runs as a task. Called soon after connection_made:
+        ``splice.stream`` is set."""
+        if splice.finished:
+            return
+        chosen = None
+        if pool is not None and pool.settings.algorithm != "consistent_hash":
+            chosen = pool.choose(self._clock(), b"", [])
+            if chosen is not None and self._reuse(splice, chosen):
+                return
+        splice.connect_task = self._loop.create_task(self._connect(splice, pool, chosen))
+
+    def _reuse(self, splice: Splice, backend: Backend) -> bool:
+        """Give ``splice`` a parked connection to ``backend``, if there is one."""
+        reused = self.idle.take(backend)
+        if reused is None:
+            return False
+        backend.active += 1
+        splice.reused = True
+        self._started(splice, backend, reused.transport, reused, b"")  # type: ignore[arg-type]
+        self.tally.inc(backend.tag.reused)
+        return True
+
+    async def _connect(
+        self, splice: Splice, pool: BackendPool | None, chosen: Backend | None = None
+    ) -> None:
+        """``chosen``: the pool's first choice, already made (it had no parked
+        connection)."""
         if pool is None:
             self._fail(splice, "-", ErrorCode.NO_BACKEND)
             return
@@ -318,7 +346,7 @@ class OriginWorker:
         queue_deadline = 0.0
         while attempt <= settings.connect_retries:
             now = self._clock()
-            backend = pool.choose(now, key, tried)
+            backend, chosen = chosen or pool.choose(now, key, tried), None
             if backend is None:
                 if not tried and self._must_queue(pool, now):
                     # Every usable backend is at its cap: wait in line for a slot.
@@ -333,13 +361,9 @@ class OriginWorker:
             if attempt:
                 self.metrics.connect_retries.labels(pool.name).inc()
             attempt += 1
-            backend.active += 1
-            reused = self.idle.take(backend)
-            if reused is not None:
-                splice.reused = True
-                self._started(splice, backend, reused.transport, reused, b"")  # type: ignore[arg-type]
-                self.tally.inc(backend.tag.reused)
+            if self._reuse(splice, backend):
                 return
+            backend.active += 1
             started = self._clock()
             try:
                 async with asyncio.timeout(settings.connect_timeout_s):
