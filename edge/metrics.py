@@ -29,7 +29,7 @@ TUNNEL_SRTT = Gauge(
 )
 TUNNELS_UP = Gauge(
     "geoedge_edge_tunnels_up",
-    "Usable tunnel connections per origin",
+    "Usable tunnel connections per origin, once their window is warm",
     ["origin"],
     multiprocess_mode="livesum",
 )

@@ -229,7 +229,9 @@ class EdgeWorker:
     def _export_tunnel_metrics(self) -> None:
         metrics.CONNECTIONS_OPEN.set(len(self.connections))
         for stats in self.origins.statistics():
-            metrics.TUNNELS_UP.labels(stats.name).set(stats.usable)
+            # Ready (healthz, systemd) once a connection is warm: the first large
+            # response after a start then crosses a long link at full window.
+            metrics.TUNNELS_UP.labels(stats.name).set(stats.usable - stats.warming)
             metrics.STREAMS_OPEN.labels(stats.name).set(stats.open_streams)
             if stats.srtt_s is not None:
                 metrics.TUNNEL_SRTT.labels(stats.name).set(stats.srtt_s)

@@ -62,9 +62,10 @@ def u32(n: int) -> bytes:
 def test_wire_numbers_match_the_spec_tables() -> None:
     assert PREFACE == b"GEOEDGE\n"
     assert HEADER_SIZE == 10
-    assert [t.value for t in FrameType] == list(range(9))
+    assert [t.value for t in FrameType] == list(range(10))
     assert [t.name for t in FrameType] == [
         "HELLO", "SETTINGS", "OPEN", "DATA", "WINDOW_UPDATE", "RESET", "PING", "PONG", "GOAWAY",
+        "PADDING",
     ]  # fmt: skip
     assert Flag.END_STREAM == 0x1
     assert [c.value for c in ErrorCode] == list(range(17))
@@ -188,6 +189,17 @@ def test_unknown_frame_types_and_undefined_flags_are_ignored() -> None:
     peer.send(DATA, 0xFE, 1, b"abc")
     assert peer.terminated is None
     assert peer.events[-2:] == [StreamOpened(1, StreamMetadata()), DataReceived(1, b"abc")]
+
+
+def test_padding_is_discarded_whole_and_costs_nothing() -> None:
+    """§5.13: PADDING on the connection, of any length up to the frame limit."""
+    peer = RawPeer()
+    peer.send(0x9, 0, 0, bytes(16 * 1024))
+    peer.send(0x9, 0, 0, b"")
+    peer.send(OPEN, 0, 1, u32(1000))
+    assert peer.terminated is None
+    assert peer.events[-1:] == [StreamOpened(1, StreamMetadata())]
+    assert codec.encode_padding(5) == raw_frame(0x9, 0, 0, bytes(5))
 
 
 # -- §2 the reader ------------------------------------------------------------------

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunnel.aio.stream import TunnelStream
+from tunnel.aio.warmup import CongestionWarmUp
 from tunnel.mux import (
     ConnectionTerminated,
     DataReceived,
@@ -42,6 +43,7 @@ from tunnel.mux import (
     StreamOpened,
     StreamReset,
 )
+from tunnel.mux.constants import SettingId
 from tunnel.mux.errors import SessionClosedError, StreamClosedError
 
 log = logging.getLogger("geoedge.tunnel")
@@ -177,6 +179,7 @@ class TunnelConnection(asyncio.Protocol):
         self.closed: asyncio.Future[ConnectionTerminated] = self._loop.create_future()
         self.goaway_received = False
         self._listeners: list[Callable[[TunnelConnection, object], None]] = []
+        self.warm_up: CongestionWarmUp | None = None
 
     # -- asyncio.Protocol -----------------------------------------------------
 
@@ -220,6 +223,8 @@ class TunnelConnection(asyncio.Protocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.warm_up is not None:
+            self.warm_up.stop()
         reason = f"transport lost: {exc}" if exc else "transport closed"
         self._dispatch(self.session.connection_lost(reason))
         self._transport = None
@@ -281,6 +286,12 @@ class TunnelConnection(asyncio.Protocol):
         return self._transport is not None and self.session.can_open_stream
 
     @property
+    def warming(self) -> bool:
+        """Up, but still growing its congestion window (tunnel.aio.warmup): a
+        long link's first large response would pay slow start."""
+        return self.warm_up is not None and self.warm_up.active
+
+    @property
     def open_streams(self) -> int:
         return len(self._streams)
 
@@ -339,6 +350,7 @@ class TunnelConnection(asyncio.Protocol):
         if isinstance(event, SessionEstablished):
             if not self.established.done():
                 self.established.set_result(None)
+            self._start_warm_up()
         elif isinstance(event, GoAwayReceived):
             self.goaway_received = True
             log.info(
@@ -394,6 +406,36 @@ class TunnelConnection(asyncio.Protocol):
         self._streams[event.stream_id] = stream
         stream.set_protocol(protocol)
         protocol.connection_made(stream)
+
+    def _start_warm_up(self) -> None:
+        """Grow this direction's congestion window before streams need it."""
+        transport = self._transport
+        sock = None if transport is None else transport.get_extra_info("socket")
+        if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return
+        config = self.config
+        self.warm_up = CongestionWarmUp(
+            sock,
+            write=self._write_padding,
+            idle=self._idle_for_padding,
+            peer_max_frame_bytes=self.session.peer_settings[SettingId.MAX_FRAME_BYTES],
+            rate_bytes_per_s=config.initial_rate_bytes_per_s,
+            cap_bytes=config.warm_up_max_bytes,
+        )
+
+    def _idle_for_padding(self) -> bool:
+        transport = self._transport
+        return (
+            transport is not None
+            and not self._write_paused
+            and not self.session.wants_to_send
+            and not self.session.closing
+            and transport.get_write_buffer_size() == 0
+        )
+
+    def _write_padding(self, frame: bytes) -> None:
+        if self._transport is not None:
+            self._transport.write(frame)
 
     def _flush(self) -> None:
         self._flush_scheduled = False

@@ -38,6 +38,8 @@ class PoolStatistics:
     size: int
     connected: int
     usable: int
+    warming: int
+    """Of the usable ones, those still warming their window (tunnel.aio.warmup)."""
     open_streams: int
     srtt_s: float | None
     dials: int
@@ -188,6 +190,7 @@ class TunnelPool:
             size=self.size,
             connected=len(self._connections),
             usable=sum(1 for c in self._connections if c.can_open_stream),
+            warming=sum(1 for c in self._connections if c.can_open_stream and c.warming),
             open_streams=sum(c.open_streams for c in self._connections),
             srtt_s=self.srtt_s,
             dials=self._dials,

@@ -48,6 +48,7 @@ class FrameType(enum.IntEnum):
     PING = 0x6
     PONG = 0x7
     GOAWAY = 0x8
+    PADDING = 0x9
 
 
 class Flag(enum.IntFlag):

@@ -67,6 +67,12 @@ def encode_pong(opaque: bytes) -> bytes:
     return _pack_header(FrameType.PONG, 0, 0, 8) + opaque
 
 
+def encode_padding(length: int) -> bytes:
+    """A PADDING frame of ``length`` zero octets (PROTOCOL.md §5.13): the peer
+    discards it; it only exists to be carried."""
+    return _pack_header(FrameType.PADDING, 0, 0, length) + bytes(length)
+
+
 def encode_goaway(last_stream_id: int, error_code: int, reason: str) -> bytes:
     text = reason.encode("utf-8")[:MAX_GOAWAY_REASON_BYTES]
     payload = U32_PAIR.pack(last_stream_id, error_code) + text

@@ -42,6 +42,12 @@ class SessionConfig:
     is tiny, so a bulk transfer cannot queue milliseconds of data ahead of a
     small response. Auto-tuning takes it from there (see :mod:`.window`)."""
 
+    warm_up_max_bytes: int = 4 * MiB
+    """Cap of the PADDING a new connection sends to grow its congestion window
+    (PROTOCOL.md §5.13; :mod:`tunnel.aio.warmup`). It sends up to its
+    bandwidth-delay estimate (TCP RTT x ``initial_rate_bytes_per_s``, 2.1 MiB
+    at 265 ms, nothing on a LAN), stopping once the window covers it; 0: never."""
+
     min_stream_window_bytes: int = 64 * KiB
     """Smallest window a new stream starts with."""
 
@@ -107,6 +113,8 @@ class SessionConfig:
             )
         if self.initial_rate_bytes_per_s < 1:
             problems.append("initial_rate_bytes_per_s must be positive")
+        if self.warm_up_max_bytes < 0:
+            problems.append("warm_up_max_bytes must be 0 (off) or more")
         if self.max_concurrent_streams < 1:
             problems.append("max_concurrent_streams must be at least 1")
         if not 0 < self.ping_interval_s < self.ping_timeout_s:

@@ -1,0 +1,154 @@
+"""Warming a new tunnel connection's congestion window with PADDING (PROTOCOL.md §5.13).
+
+A fresh TCP connection starts with a congestion window of ten segments
+(14.5 KB) and doubles it each round trip while it has data to send. Across a
+265 ms tunnel, the first 768 KB response after an edge starts took about
+1.9 s (six round trips of slow start) and later ones 0.5 s. Padding sent as
+soon as the session is up does that growing before the first request needs
+it: each side pads its own sending direction (the origin's is the one
+responses take).
+
+The rules, so padding never delays a real frame by more than a few
+kilobytes and never costs a short link anything:
+
+- the target is the connection's bandwidth-delay estimate, ``TCP RTT x
+  SessionConfig.initial_rate_bytes_per_s`` (the same rate new stream windows
+  assume), capped by ``SessionConfig.warm_up_max_bytes``; on loopback that is
+  well under the ten initial segments, so nothing is sent;
+- padding stops once the kernel's congestion window (``TCP_INFO``) covers the
+  target, after twice the target was sent, or after :data:`LIMIT_S` (a path
+  that does not grow);
+- a PADDING frame is written only while the session has nothing queued, the
+  transport buffer is empty and the socket holds fewer than
+  :data:`UNSENT_LIMIT_BYTES` unsent octets (``SIOCOUTQNSD``): real frames
+  queue behind at most that much padding.
+
+No library does this (TCP offers no socket option to raise a window; route
+``initcwnd`` is a host setting the daemons should not change).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import socket
+import struct
+from collections.abc import Callable
+
+from tunnel.mux.frames import encode_padding
+
+__all__ = ["UNSENT_LIMIT_BYTES", "CongestionWarmUp", "warm_up_target"]
+
+#: Padding the socket may hold unsent at once (what a real frame may wait behind).
+UNSENT_LIMIT_BYTES = 32 * 1024
+#: One PADDING frame's payload, or the peer's MAX_FRAME_BYTES if smaller.
+FRAME_BYTES = 16 * 1024
+#: How often the socket is looked at while warming (and at least one RTT / 8).
+TICK_S = 0.005
+#: Padding stops this long after it started, whatever the window (a path
+#: whose window does not grow must not keep a connection "warming").
+LIMIT_S = 5.0
+
+_SIOCOUTQNSD = 0x894B
+# struct tcp_info (linux/tcp.h): 8 octets of u8 fields, then u32s from rto on:
+# tcpi_snd_mss at 16, tcpi_rtt (us) at 68, tcpi_snd_cwnd (segments) at 80.
+_TCP_INFO = struct.Struct("=16xI48xI8xI")
+
+
+def tcp_facts(sock: socket.socket) -> tuple[int, float, int] | None:
+    """(snd_mss, RTT in seconds, snd_cwnd in segments) from TCP_INFO, or None."""
+    try:
+        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    except OSError:
+        return None
+    if len(raw) < _TCP_INFO.size:
+        return None
+    mss, rtt_us, cwnd = _TCP_INFO.unpack_from(raw)
+    return mss, rtt_us / 1e6, cwnd
+
+
+def unsent_bytes(fd: int) -> int:
+    """Octets the socket holds that were not sent yet (SIOCOUTQNSD)."""
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(fd, _SIOCOUTQNSD, b"\0\0\0\0"))[0])
+    except OSError:
+        return UNSENT_LIMIT_BYTES  # unknown: never pad blind
+
+
+def _nothing(*_: object) -> bool:
+    return False
+
+
+def warm_up_target(rtt_s: float, rate_bytes_per_s: int, cap_bytes: int) -> int:
+    """The window worth warming to: the bandwidth-delay estimate, capped."""
+    return min(cap_bytes, int(rtt_s * rate_bytes_per_s))
+
+
+class CongestionWarmUp:
+    """Pads one connection's sending direction until its window covers the target.
+
+    ``write`` sends bytes on the connection's transport; ``idle`` says the
+    session has nothing queued and the transport buffer is empty.
+    """
+
+    __slots__ = (
+        "_deadline", "_fd", "_frame", "_idle", "_loop", "_sock", "_timer", "_write", "sent",
+        "target",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        *,
+        write: Callable[[bytes], None],
+        idle: Callable[[], bool],
+        peer_max_frame_bytes: int,
+        rate_bytes_per_s: int,
+        cap_bytes: int,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._write = write
+        self._idle = idle
+        self._frame = min(FRAME_BYTES, peer_max_frame_bytes)
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = self._loop.time() + LIMIT_S
+        self.sent = 0
+        self.target = 0
+        facts = tcp_facts(sock)
+        if facts is None or cap_bytes <= 0:
+            return
+        mss, rtt_s, cwnd = facts
+        self.target = warm_up_target(rtt_s, rate_bytes_per_s, cap_bytes)
+        if cwnd * mss < self.target:
+            self._timer = self._loop.call_soon(self._tick)  # type: ignore[assignment]
+
+    @property
+    def active(self) -> bool:
+        """Still padding: the connection is up but its window is not grown yet."""
+        return self._timer is not None
+
+    def stop(self) -> None:
+        """Stop padding and let go of the connection (its bound methods would
+        otherwise keep a cycle with it)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._write = self._idle = _nothing  # type: ignore[assignment]
+
+    def _tick(self) -> None:
+        self._timer = None
+        facts = tcp_facts(self._sock)
+        if facts is None or self.sent >= 2 * self.target or self._loop.time() > self._deadline:
+            return
+        mss, rtt_s, cwnd = facts
+        if cwnd * mss >= self.target:
+            return
+        if self._idle():
+            room = UNSENT_LIMIT_BYTES - unsent_bytes(self._fd)
+            while room >= self._frame and self.sent < 2 * self.target:
+                self._write(encode_padding(self._frame))
+                self.sent += self._frame
+                room -= self._frame + 10
+        self._timer = self._loop.call_later(max(TICK_S, rtt_s / 8), self._tick)
