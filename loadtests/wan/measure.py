@@ -18,6 +18,8 @@ What is timed (``time.perf_counter``, milliseconds):
 * ``ws``: the WebSocket open (connect start to the 101) and the first echo (one
   message round trip on the open socket), both per connection;
 * ``burst``: ``burst`` ``new`` samples started at once, each timed on its own;
+* ``page``: one page of 30 small GETs at once, over HTTP/2 when offered and
+  answered, else 6 HTTP/1.1 connections (:mod:`loadtests.wan.page`);
 * ``close``: a ``new`` sample whose request says ``Connection: close``: timed to
   the last byte of the body, which must then be followed by the server's
   close_notify (a ragged end is a failed sample). The client is a blocking
@@ -53,10 +55,13 @@ from urllib.parse import urlsplit
 
 import uvloop
 
+from loadtests.wan.page import load_page
+
 __all__ = ["Batch", "main", "run_batch"]
 
 TLS_VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
-KINDS = ("new", "keepalive", "ws", "burst", "close")
+KINDS = ("new", "keepalive", "ws", "burst", "close", "page")
+ALPNS = ("http/1.1", "h2")
 PATTERN_PATHS = ("/large", "/bytes")
 PATTERN_MODULUS = 251
 MAX_HEAD_BYTES = 64 * 1024
@@ -83,12 +88,22 @@ class Batch:
     timeout_s: float = 30.0
     rcvbuf: int = 0
     """Client receive buffer (SO_RCVBUF) for ``close`` samples; 0: the kernel's."""
+    alpn: str = "http/1.1"
+    """What the client offers first (``h2``: ``h2,http/1.1``, as a browser)."""
+    resources: int = 30
+    """``page``: requests in one page load (loadtests.wan.page)."""
+    connections: int = 6
+    """``page`` over HTTP/1.1: connections opened at once."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
         if self.tls not in TLS_VERSIONS:
             raise ValueError(f"tls must be one of {sorted(TLS_VERSIONS)}, got {self.tls!r}")
+        if self.alpn not in ALPNS:
+            raise ValueError(f"alpn must be one of {ALPNS}, got {self.alpn!r}")
+        if not 1 <= self.resources <= 1000 or not 1 <= self.connections <= 100:
+            raise ValueError("resources must be in 1..1000 and connections in 1..100")
         if not 1 <= self.count <= 10_000 or not 1 <= self.burst <= 1000:
             raise ValueError("count must be in 1..10000 and burst in 1..1000")
 
@@ -100,11 +115,12 @@ class Batch:
         return cls(**data)
 
 
-def client_context(ca: str, tls: str) -> ssl.SSLContext:
-    """A verifying client context pinned to one TLS version, ALPN http/1.1."""
+def client_context(ca: str, tls: str, alpn: str = "http/1.1") -> ssl.SSLContext:
+    """A verifying client context pinned to one TLS version, offering ``alpn``
+    (``h2``: ``h2,http/1.1``, as a browser)."""
     context = ssl.create_default_context(cafile=ca)
     context.minimum_version = context.maximum_version = TLS_VERSIONS[tls]
-    context.set_alpn_protocols(["http/1.1"])
+    context.set_alpn_protocols(["h2", "http/1.1"] if alpn == "h2" else ["http/1.1"])
     return context
 
 
@@ -229,7 +245,7 @@ class BatchRun:
 
     def __init__(self, batch: Batch) -> None:
         self.batch = batch
-        self.context = client_context(batch.ca, batch.tls)
+        self.context = client_context(batch.ca, batch.tls, batch.alpn)
         self.series: dict[str, list[float]] = {}
         self.errors: list[str] = []
         self.negotiated: dict[str, str | None] | None = None
@@ -276,6 +292,14 @@ class BatchRun:
             return {"total_ms": _ms(start), "connect_ms": connected}
         finally:
             await _close(writer)
+
+    async def page(self) -> dict[str, float]:
+        """One page of ``resources`` GETs at once (loadtests.wan.page)."""
+        b = self.batch
+        return await load_page(
+            self._open, _read_response, host=b.host, path=b.path, alpn=b.alpn,
+            resources=b.resources, connections=b.connections, check_tls=self.check_tls,
+        )  # fmt: skip
 
     async def keepalive(self) -> None:
         """``count`` GETs on one connection opened beforehand (untimed, with one request)."""
@@ -370,6 +394,8 @@ class BatchRun:
             await self._sequential(self.ws_open_echo)
         elif kind == "burst":
             await self._bursts()
+        elif kind == "page":
+            await self._sequential(self.page)
         else:
             try:
                 await self._bounded(self.keepalive())

@@ -77,7 +77,10 @@ class Plan:
     """Bursts of ``burst_size`` new connections, right after other traffic."""
     burst_size: int = 20
     first_bursts: int = 3
-    """Restarts of the TLS terminator, each followed by one burst."""
+    """Restarts of the TLS terminator, each followed by one burst; as many again,
+    each followed by one 768 KB GET (``first_large_tls13``)."""
+    pages: int = 10
+    """Page loads (30 GETs at once) per protocol offered."""
     idle_rounds: int = 3
     """Large GETs after ``idle_s`` of silence (the scenarios take turns going first)."""
     idle_s: float = 30.0
@@ -97,7 +100,7 @@ class Plan:
 
 QUICK = Plan(
     new=2, large=1, close_large=2, keepalive=3, ws=2, bursts=1, burst_size=10, first_bursts=1,
-    idle_rounds=1, idle_s=2.0, loss=2, warmup=1, locust_s=3, locust_users=4,
+    idle_rounds=1, idle_s=2.0, loss=2, warmup=1, locust_s=3, locust_users=4, pages=2,
 )  # fmt: skip
 
 
@@ -134,7 +137,7 @@ class Runner:
 
     def measure(self, scenario: str, key: str, kind: str, series_name: str, **fields: Any) -> None:
         m = MEASUREMENTS[key]
-        series, errors = self.batch(scenario, kind, tls=m.tls, path=m.path, **fields)
+        series, errors = self.batch(scenario, kind, tls=m.tls, path=m.path, alpn=m.alpn, **fields)
         self.record(scenario, key, series.get(series_name, []), errors)
 
     def warm_up(self, scenario: str) -> None:
@@ -158,6 +161,8 @@ class Runner:
             ("close_large_tls12", "close", {"count": p.close_large}),
             ("keepalive_small", "keepalive", {"count": p.keepalive}),
             ("burst20_small_tls13", "burst", {"count": p.bursts, "burst": p.burst_size}),
+            ("page30_tls13", "page", {"count": p.pages}),
+            ("page30_h1_tls13", "page", {"count": p.pages}),
         ]
         for key, kind, fields in steps:
             say(f"  {key}")
@@ -186,6 +191,9 @@ class Runner:
                     scenario, "first_burst20_small_tls13", "burst", "total_ms",
                     count=1, burst=p.burst_size,
                 )  # fmt: skip
+                self.stack.restart(scenario)
+                say(f"  {scenario} restarted ({i + 1}/{p.first_bursts}), first 768 KB")
+                self.measure(scenario, "first_large_tls13", "new", "total_ms", count=1)
 
     def lossy(self) -> None:
         wan = self.stack.wan

@@ -62,7 +62,7 @@ __all__ = [
 
 TlsVersion = Literal["1.2", "1.3"]
 #: How a sample is taken (see :mod:`loadtests.wan.measure`).
-Kind = Literal["new", "keepalive", "ws_open", "ws_echo"]
+Kind = Literal["new", "keepalive", "ws_open", "ws_echo", "page"]
 #: One-way delays in ms per directed (source, destination) host pair.
 OneWayDelays = Mapping[tuple[str, str], float]
 
@@ -101,11 +101,20 @@ class Measurement:
     """The version the client forces for the connection(s) it opens."""
     path: str
     """The app endpoint requested (``/`` small page, ``/large`` 768 KB)."""
+    alpn: str = "http/1.1"
+    """What the client offers first (``h2``: ``h2,http/1.1``, as a browser)."""
+    rounds: int = 1
+    """Request round trips one after the other in a sample (a page over six
+    HTTP/1.1 connections: 30 / 6 = 5)."""
+    slow_start_rounds: int = 0
+    """Client-link round trips the response bodies add by TCP slow start: a page's
+    30 responses of ~1 KB (the sample app's ``/``) are ~30 KB on one h2
+    connection, over the ten-segment (14.6 KB) initial window: one more round."""
 
     @property
     def new_connection(self) -> bool:
         """Whether the timed interval includes TCP and TLS handshakes."""
-        return self.kind in ("new", "ws_open")
+        return self.kind in ("new", "ws_open", "page")
 
 
 MEASUREMENTS: dict[str, Measurement] = {
@@ -131,6 +140,27 @@ MEASUREMENTS: dict[str, Measurement] = {
             "first_burst20_small_tls13", "first burst of 20 after start", "new", "1.3", "/"
         ),
         Measurement("loss1_small_tls13", "new conn GET / with 1% loss", "new", "1.3", "/"),
+        Measurement(
+            "first_large_tls13", "first 768 KB after start (TLS 1.3)", "new", "1.3", "/large"
+        ),
+        Measurement(
+            "page30_tls13",
+            "page of 30 GETs, h2 offered (TLS 1.3)",
+            "page",
+            "1.3",
+            "/",
+            "h2",
+            slow_start_rounds=1,
+        ),
+        Measurement(
+            "page30_h1_tls13",
+            "page of 30 GETs, 6 HTTP/1.1 conns",
+            "page",
+            "1.3",
+            "/",
+            "http/1.1",
+            rounds=5,
+        ),
     )
 }
 
@@ -183,7 +213,8 @@ def floor_ms(measurement: Measurement, rtts: PathRtts) -> float:
     if not measurement.new_connection:
         return rtts.request_ms
     handshakes = 1 + handshake_round_trips(measurement.tls)  # TCP, then TLS
-    return handshakes * rtts.client_ms + rtts.request_ms
+    client_rounds = handshakes + measurement.slow_start_rounds
+    return client_rounds * rtts.client_ms + measurement.rounds * rtts.request_ms
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -336,7 +367,7 @@ defaults
     timeout tunnel 1h
 
 frontend https
-    bind {addresses["origin"]}:{HTTPS_PORT} ssl crt {files.server_pem} alpn http/1.1
+    bind {addresses["origin"]}:{HTTPS_PORT} ssl crt {files.server_pem} alpn h2,http/1.1
     default_backend app
 
 backend app

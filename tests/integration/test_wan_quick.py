@@ -58,7 +58,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        output, _ = proc.communicate(timeout=150)
+        output, _ = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             proc.kill()

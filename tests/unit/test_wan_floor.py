@@ -22,6 +22,7 @@ KEYS = {
     "close_large_tls13", "close_large_tls12",
     "keepalive_small", "ws_open_tls13", "ws_echo_tls13", "burst20_small_tls13",
     "first_burst20_small_tls13", "loss1_small_tls13",
+    "first_large_tls13", "page30_tls13", "page30_h1_tls13",
 }  # fmt: skip
 
 
@@ -73,8 +74,20 @@ def test_default_floors_edge() -> None:
 def test_large_bursts_and_loss_share_the_small_new_connection_floor(scenario: str) -> None:
     f = floors(scenario, delays())
     same = ("new_large_tls13", "idle30_large_tls13", "burst20_small_tls13",
-            "first_burst20_small_tls13", "loss1_small_tls13")  # fmt: skip
+            "first_burst20_small_tls13", "loss1_small_tls13", "first_large_tls13")  # fmt: skip
     assert {f[key] for key in same} == {f["new_small_tls13"]}
+
+
+def test_a_page_over_six_http1_connections_pays_five_request_round_trips() -> None:
+    direct, edge = floors("direct", delays()), floors("edge", delays())
+    # Two short handshakes, the requests, and one more short round of slow start
+    # for 30 KB of responses on one connection.
+    assert edge["page30_tls13"] == pytest.approx(10 + 10 + (10 + 265 + 0.5) + 10)
+    assert direct["page30_tls13"] == pytest.approx(265 + 265 + 265.5 + 265)
+    assert edge["page30_h1_tls13"] == pytest.approx(10 + 10 + 5 * (10 + 265 + 0.5))
+    assert direct["page30_h1_tls13"] == pytest.approx(2 * 265 + 5 * 265.5)
+    # One h2 connection through the edge against six HTTP/1.1 ones direct.
+    assert direct["page30_h1_tls13"] / edge["page30_tls13"] > 6
 
 
 def test_the_floor_ratio_beats_the_seed_only_where_handshakes_are_involved() -> None:
