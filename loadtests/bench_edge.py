@@ -24,7 +24,7 @@ Figures (``loadtests/results/edge.json``, and a table on stdout):
 - ``ws_rss_kib_per_conn``: growth of the edge worker's RSS per idle WSS
   connection, with 5,000 held (``--quick``: 200).
 
-Targets (the issue): handshakes >= 0.75x HAProxy, keep-alive >= 0.4x HAProxy,
+Targets (the issues): handshakes >= 0.85x HAProxy, keep-alive >= 0.42x, h2 >= 0.3x,
 added latency p50 <= 0.5 ms, <= 35 KiB per WebSocket.
 
 The machine is shared and noisy, so each throughput figure is the best of
