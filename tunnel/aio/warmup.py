@@ -18,10 +18,14 @@ kilobytes and never costs a short link anything:
 - padding stops once the kernel's congestion window (``TCP_INFO``) covers the
   target, after twice the target was sent, or after :data:`LIMIT_S` (a path
   that does not grow);
-- a PADDING frame is written only while the session has nothing queued, the
-  transport buffer is empty and the socket holds fewer than
-  :data:`UNSENT_LIMIT_BYTES` unsent octets (``SIOCOUTQNSD``): real frames
-  queue behind at most that much padding.
+- a PADDING frame is written only while the session has nothing queued and
+  the transport buffer is empty, and only while the socket holds less than a
+  quarter of the current window unsent (``SIOCOUTQNSD``; at least one frame's
+  worth): a real frame queues behind at most a quarter of a round trip of
+  padding. Refilled every eighth of a round trip, that keeps the connection
+  window-limited, which is what makes Linux grow the window (an
+  application-limited sender's window does not grow: a fixed 32 KiB refilled
+  every RTT/8 left it at ~310 KiB after 5 s across 265 ms).
 
 No library does this (TCP offers no socket option to raise a window; route
 ``initcwnd`` is a host setting the daemons should not change).
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import logging
 import socket
 import struct
 from collections.abc import Callable
@@ -39,12 +44,14 @@ from tunnel.mux.frames import encode_padding
 
 __all__ = ["UNSENT_LIMIT_BYTES", "CongestionWarmUp", "warm_up_target"]
 
-#: Padding the socket may hold unsent at once (what a real frame may wait behind).
-UNSENT_LIMIT_BYTES = 32 * 1024
+log = logging.getLogger("geoedge.tunnel")
+
+#: The smallest unsent allowance (a quarter of ten segments is 3.6 KiB).
+UNSENT_LIMIT_BYTES = 4 * 1024
 #: One PADDING frame's payload, or the peer's MAX_FRAME_BYTES if smaller.
 FRAME_BYTES = 16 * 1024
-#: How often the socket is looked at while warming (and at least one RTT / 8).
-TICK_S = 0.005
+#: How often the socket is looked at while warming: every RTT / 8, at least this.
+TICK_S = 0.002
 #: Padding stops this long after it started, whatever the window (a path
 #: whose window does not grow must not keep a connection "warming").
 LIMIT_S = 5.0
@@ -72,7 +79,7 @@ def unsent_bytes(fd: int) -> int:
     try:
         return int(struct.unpack("i", fcntl.ioctl(fd, _SIOCOUTQNSD, b"\0\0\0\0"))[0])
     except OSError:
-        return UNSENT_LIMIT_BYTES  # unknown: never pad blind
+        return 1 << 30  # unknown: never pad blind
 
 
 def _nothing(*_: object) -> bool:
@@ -92,8 +99,8 @@ class CongestionWarmUp:
     """
 
     __slots__ = (
-        "_deadline", "_fd", "_frame", "_idle", "_loop", "_sock", "_timer", "_write", "sent",
-        "target",
+        "_deadline", "_fd", "_frame", "_idle", "_loop", "_sock", "_started", "_timer", "_write",
+        "sent", "target",
     )  # fmt: skip
 
     def __init__(
@@ -113,7 +120,8 @@ class CongestionWarmUp:
         self._idle = idle
         self._frame = min(FRAME_BYTES, peer_max_frame_bytes)
         self._timer: asyncio.TimerHandle | None = None
-        self._deadline = self._loop.time() + LIMIT_S
+        self._started = self._loop.time()
+        self._deadline = self._started + LIMIT_S
         self.sent = 0
         self.target = 0
         facts = tcp_facts(sock)
@@ -129,6 +137,13 @@ class CongestionWarmUp:
         """Still padding: the connection is up but its window is not grown yet."""
         return self._timer is not None
 
+    def _done(self, how: str, window: int) -> None:
+        log.info(
+            "tunnel warm-up: %s: window %d KiB (target %d KiB), %d KiB padding in %.2f s",
+            how, window // 1024, self.target // 1024, self.sent // 1024,
+            self._loop.time() - self._started,
+        )  # fmt: skip
+
     def stop(self) -> None:
         """Stop padding and let go of the connection (its bound methods would
         otherwise keep a cycle with it)."""
@@ -140,15 +155,21 @@ class CongestionWarmUp:
     def _tick(self) -> None:
         self._timer = None
         facts = tcp_facts(self._sock)
-        if facts is None or self.sent >= 2 * self.target or self._loop.time() > self._deadline:
+        if facts is None:
             return
         mss, rtt_s, cwnd = facts
         if cwnd * mss >= self.target:
+            self._done("window covers the target", cwnd * mss)
+            return
+        if self.sent >= 2 * self.target or self._loop.time() > self._deadline:
+            self._done("gave up", cwnd * mss)
             return
         if self._idle():
-            room = UNSENT_LIMIT_BYTES - unsent_bytes(self._fd)
-            while room >= self._frame and self.sent < 2 * self.target:
-                self._write(encode_padding(self._frame))
-                self.sent += self._frame
-                room -= self._frame + 10
+            allowance = max(UNSENT_LIMIT_BYTES, cwnd * mss // 4)
+            frame = min(self._frame, allowance)
+            room = allowance - unsent_bytes(self._fd)
+            while room >= frame and self.sent < 2 * self.target:
+                self._write(encode_padding(frame))
+                self.sent += frame
+                room -= frame + 10
         self._timer = self._loop.call_later(max(TICK_S, rtt_s / 8), self._tick)
