@@ -163,6 +163,7 @@ class Http2Connection(asyncio.Protocol):
         self._closing = False
         self._going_away = False
         self._batching = 0
+        self._flush_soon = False
         self._write_paused = False
         self._opened_at = time.monotonic()
         self._last_stream_at = self._opened_at
@@ -388,7 +389,17 @@ class Http2Connection(asyncio.Protocol):
         self._batching += 1
 
     def writes_end(self) -> None:
+        # The responses of several streams often come out of one read of the
+        # tunnel, each in its own writes_begin/end: what they queued goes out
+        # once this turn of the event loop is over, as one write (one TLS
+        # record, one send) instead of one per stream.
         self._batching -= 1
+        if not self._batching and not self._flush_soon:
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush_deferred)
+
+    def _flush_deferred(self) -> None:
+        self._flush_soon = False
         self._flush()
 
     def response_head(self, exchange: Exchange, head: ResponseHeadReceived) -> None:

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -65,6 +68,7 @@ class Browser:
                 "about:blank",
             ],
             stdout=subprocess.DEVNULL,
+            start_new_session=True,  # its helpers are stopped with it, as a group
             stderr=subprocess.DEVNULL,
         )
         port_file = profile / "DevToolsActivePort"
@@ -100,13 +104,25 @@ class Browser:
         if self._session is not None:
             await self._session.close()
         if self._process is not None:
-            self._process.terminate()
+            self._stop_group(signal.SIGTERM)
             try:
                 self._process.wait(10)
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
-        self._profile.cleanup()
+            self._stop_group(signal.SIGKILL)  # helpers that outlived it would write on
+        # A helper may still be flushing into the profile as it dies.
+        for _ in range(20):
+            try:
+                self._profile.cleanup()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+    def _stop_group(self, sig: signal.Signals) -> None:
+        assert self._process is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._process.pid, sig)
 
     async def call(self, method: str, **params: Any) -> dict[str, Any]:
         assert self._ws is not None

@@ -115,7 +115,11 @@ class H2Client:
             return False
         for event in self.conn.receive_data(data):
             self._on_event(event)
-        self.flush()
+        try:
+            self.flush()
+        except (ssl.SSLError, OSError):  # the server stopped reading: it is closing
+            self.closed = True
+            return False
         return True
 
     def _on_event(self, event: object) -> None:
