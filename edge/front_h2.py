@@ -47,6 +47,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
+import hpack
 import hyperframe.frame
 
 from edge.deadlines import Deadlines
@@ -103,6 +104,16 @@ def _release_h2(conn: h2.connection.H2Connection) -> None:
         table.clear()
 
 
+class _LiteralEncoder(hpack.Encoder):
+    """HPACK without Huffman coding of literals. hpack's Huffman coder is pure
+    Python: a response head with a request id and a date took 32 us to encode
+    with it and 11 without (timeit, this machine), for ~25 octets saved per
+    response; the dynamic table still indexes repeated fields."""
+
+    def encode(self, headers: object, huffman: bool = False) -> bytes:
+        return super().encode(headers, huffman=False)  # type: ignore[arg-type]
+
+
 @dataclass(slots=True, eq=False)
 class _Stream:
     """One HTTP/2 stream of the connection and its exchange."""
@@ -147,6 +158,7 @@ class Http2Connection(asyncio.Protocol):
             client_side=False, header_encoding=None, validate_inbound_headers=True
         )
         self.conn = h2.connection.H2Connection(config=config)
+        self.conn.encoder = _LiteralEncoder()
         codes = h2.settings.SettingCodes
         self.conn.local_settings = h2.settings.Settings(
             client=False,
@@ -414,7 +426,10 @@ class Http2Connection(asyncio.Protocol):
         fields = response_fields(head.status, head.headers, websocket=stream.websocket, extra=hsts)
         record = exchange.record
         if record.request_id and not any(n == b"x-request-id" for n, _ in head.headers):
-            fields.append((b"x-request-id", record.request_id.encode()))
+            # Unique per response: indexing it would only churn the HPACK table.
+            fields.append(
+                hpack.NeverIndexedHeaderTuple(b"x-request-id", record.request_id.encode())
+            )
         self._send_headers(stream, fields, end=False)
         if stream.record is not None:
             stream.record.bytes_out += len(head.head)
