@@ -271,13 +271,12 @@ class TunnelConnection(asyncio.Protocol):
             metadata if isinstance(metadata, StreamMetadata) else None,
             high_water=STREAM_HIGH_WATER,
             low_water=STREAM_LOW_WATER,
+            eof_sent=end_stream,
         )
         self._streams[stream_id] = stream
         protocol = protocol_factory()
         stream.set_protocol(protocol)
         protocol.connection_made(stream)
-        if end_stream:
-            stream._eof_sent = True
         self._schedule_flush()
         return stream
 

@@ -23,12 +23,24 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tunnel.mux import ErrorCode, StreamMetadata
 
-if TYPE_CHECKING:
-    from tunnel.aio.connection import TunnelConnection
+
+class StreamCarrier(Protocol):
+    """What a stream needs of the connection that carries it
+    (:class:`tunnel.aio.connection.TunnelConnection`): its session's stream
+    commands, keyed by stream id. The stream holds no other reference to it."""
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
+    def _stream_write(self, stream_id: int, data: bytes) -> int: ...
+    def _stream_end(self, stream_id: int) -> None: ...
+    def _stream_reset(self, stream_id: int, error_code: int) -> None: ...
+    def _stream_buffered(self, stream_id: int) -> int: ...
+    def _stream_consumed(self, stream_id: int, n: int) -> None: ...
+    def _stream_gone(self, stream_id: int) -> None: ...
+    def _watch_write_pause(self, stream: TunnelStream) -> None: ...
 
 
 class StreamResetError(ConnectionError):
@@ -61,12 +73,13 @@ class TunnelStream(asyncio.Transport):
 
     def __init__(
         self,
-        connection: TunnelConnection,
+        connection: StreamCarrier,
         stream_id: int,
         metadata: StreamMetadata | None,
         *,
         high_water: int,
         low_water: int,
+        eof_sent: bool = False,
     ) -> None:
         super().__init__()
         self._connection = connection
@@ -76,7 +89,7 @@ class TunnelStream(asyncio.Transport):
         self._reading_paused = False
         self._held: deque[bytes] = deque()
         self._eof_received = False
-        self._eof_sent = False
+        self._eof_sent = eof_sent  # opened with END_STREAM: nothing more to write
         self._closed = False
         self._writing_paused = False
         self._high_water = high_water

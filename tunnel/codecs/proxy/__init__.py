@@ -60,10 +60,10 @@ from tunnel.codecs.proxy.header import (
     SslInfo,
     SslSubtype,
     TlvType,
+    decode_ssl_tlv,
 )
 from tunnel.codecs.proxy.parse import (
     ProxyHeaderParser,
-    decode_ssl_tlv,
     looks_like_proxy_header,
     parse_proxy_header,
 )

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 import google_crc32c
 
+from tunnel.codecs.proxy.address import V4_MAPPED_PREFIX, ipv6_text
 from tunnel.codecs.proxy.header import (
     _CRC32C,
     _INET6_ADDRESSES,
@@ -14,7 +15,6 @@ from tunnel.codecs.proxy.header import (
     _SSL_HEAD,
     _TLV_HEAD,
     _V2_FIXED,
-    _V4_MAPPED_PREFIX,
     V2_SIGNATURE,
     ProxyCommand,
     ProxyFamily,
@@ -23,10 +23,7 @@ from tunnel.codecs.proxy.header import (
     SslClient,
     SslSubtype,
     TlvType,
-)
-from tunnel.codecs.proxy.parse import (
-    _check_tlv_value,
-    _ipv6_text,
+    check_tlv_value,
 )
 
 # --- sending -----------------------------------------------------------------------------------
@@ -45,7 +42,7 @@ def encode_v1(source: Endpoint | None, destination: Endpoint | None) -> bytes:
     if family is ProxyFamily.INET:
         protocol, src_text, dst_text = "TCP4", str(src), str(dst)
     else:
-        protocol, src_text, dst_text = "TCP6", _ipv6_text(src.packed), _ipv6_text(dst.packed)
+        protocol, src_text, dst_text = "TCP6", ipv6_text(src.packed), ipv6_text(dst.packed)
     return f"PROXY {protocol} {src_text} {dst_text} {src_port} {dst_port}\r\n".encode("ascii")
 
 
@@ -121,7 +118,7 @@ def _encode_tlvs(tlvs: Iterable[tuple[int, bytes]]) -> bytes:
         if kind == TlvType.CRC32C:
             raise ValueError("pass crc32c=True instead of a CRC32C TLV")
         try:
-            _check_tlv_value(kind, value)
+            check_tlv_value(kind, value)
         except ProxyProtocolError as exc:
             raise ValueError(str(exc)) from None
         parts.append(_TLV_HEAD.pack(kind, len(value)) + value)
@@ -165,4 +162,4 @@ def _endpoint(endpoint: Endpoint, what: str) -> tuple[_IPAddress, int]:
 
 
 def _as_ipv6(ip: _IPAddress) -> ipaddress.IPv6Address:
-    return ip if ip.version == 6 else ipaddress.IPv6Address(_V4_MAPPED_PREFIX + ip.packed)
+    return ip if ip.version == 6 else ipaddress.IPv6Address(V4_MAPPED_PREFIX + ip.packed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 V1_SIGNATURE = b"PROXY "
@@ -24,8 +25,6 @@ _UNIX_ADDRESSES = struct.Struct("!108s108s")
 _TLV_HEAD = struct.Struct("!BH")
 _SSL_HEAD = struct.Struct("!BI")
 _CRC32C = struct.Struct("!I")
-_HEXTETS = struct.Struct("!8H")
-_V4_MAPPED_PREFIX = b"\x00" * 10 + b"\xff\xff"
 
 
 class ProxyCommand(enum.IntEnum):
@@ -159,8 +158,6 @@ class ProxyHeader:
     @property
     def ssl(self) -> SslInfo | None:
         value = self.tlv(TlvType.SSL)
-        from tunnel.codecs.proxy.parse import decode_ssl_tlv  # parse imports this module
-
         return None if value is None else decode_ssl_tlv(value)
 
     @property
@@ -170,3 +167,58 @@ class ProxyHeader:
             if tlv_type == TlvType.AWS and value[:1] == b"\x01":
                 return value[1:].decode("ascii", "replace")
         return None
+
+
+# --- the TLV vector (spec §2.2), read by the parser, the encoder and ProxyHeader.ssl
+
+_BAD_TLV = ProxyErrorReason.V2_BAD_TLV
+
+
+def iter_tlvs(buf: bytes | bytearray, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """(type, value offset, value length) of each TLV in buf[start:end], which they must fill."""
+    pos = start
+    while pos < end:
+        if end - pos < _TLV_HEAD.size:
+            raise ProxyProtocolError(
+                ProxyErrorReason.V2_BAD_TLV, f"{end - pos} stray octets after the TLVs"
+            )
+        kind, size = _TLV_HEAD.unpack_from(buf, pos)
+        pos += _TLV_HEAD.size
+        if pos + size > end:
+            raise ProxyProtocolError(
+                ProxyErrorReason.V2_BAD_TLV, f"TLV 0x{kind:02x} of {size} octets overruns its block"
+            )
+        yield kind, pos, size
+        pos += size
+
+
+def check_tlv_value(kind: int, value: bytes) -> None:
+    if kind == TlvType.UNIQUE_ID and len(value) > MAX_UNIQUE_ID_BYTES:
+        raise ProxyProtocolError(
+            ProxyErrorReason.V2_BAD_TLV, f"UNIQUE_ID of {len(value)} octets > 128"
+        )
+    if kind == TlvType.SSL:
+        if len(value) < _SSL_HEAD.size:
+            raise ProxyProtocolError(
+                ProxyErrorReason.V2_BAD_TLV, f"SSL TLV of {len(value)} octets < 5"
+            )
+        for _ in iter_tlvs(value, _SSL_HEAD.size, len(value)):
+            pass
+
+
+def decode_ssl_tlv(value: bytes) -> SslInfo:
+    """Decode a PP2_TYPE_SSL value (raises :class:`ProxyProtocolError` if malformed)."""
+    check_tlv_value(TlvType.SSL, value)
+    client, verify = _SSL_HEAD.unpack_from(value, 0)
+    text: dict[int, str] = {}
+    for kind, pos, size in iter_tlvs(value, _SSL_HEAD.size, len(value)):
+        text.setdefault(kind, value[pos : pos + size].decode("utf-8", "replace"))
+    return SslInfo(
+        client=SslClient(client),
+        verify=verify,
+        version=text.get(SslSubtype.VERSION),
+        cipher=text.get(SslSubtype.CIPHER),
+        common_name=text.get(SslSubtype.CN),
+        sig_alg=text.get(SslSubtype.SIG_ALG),
+        key_alg=text.get(SslSubtype.KEY_ALG),
+    )

@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterator
 
 import google_crc32c
 
+from tunnel.codecs.proxy.address import ipv4_text, ipv6_text
 from tunnel.codecs.proxy.header import (
     _CRC32C,
-    _HEXTETS,
     _INET6_ADDRESSES,
     _INET_ADDRESSES,
-    _SSL_HEAD,
-    _TLV_HEAD,
     _UNIX_ADDRESSES,
     _V2_FIXED,
-    _V4_MAPPED_PREFIX,
-    MAX_UNIQUE_ID_BYTES,
     V1_MAX_LINE_BYTES,
     V1_SIGNATURE,
     V2_HEADER_BYTES,
@@ -29,10 +24,9 @@ from tunnel.codecs.proxy.header import (
     ProxyHeader,
     ProxyProtocolError,
     ProxyTransport,
-    SslClient,
-    SslInfo,
-    SslSubtype,
     TlvType,
+    check_tlv_value,
+    iter_tlvs,
 )
 
 # --- receiving ---------------------------------------------------------------------------------
@@ -228,9 +222,9 @@ def _decode_v1_line(line: bytes) -> ProxyHeader:
         )
     protocol, _, rest = line.partition(b" ")
     if protocol == b"TCP4":
-        family, parse_host = ProxyFamily.INET, _parse_ipv4_text
+        family, parse_host = ProxyFamily.INET, _parseipv4_text
     elif protocol == b"TCP6":
-        family, parse_host = ProxyFamily.INET6, _parse_ipv6_text
+        family, parse_host = ProxyFamily.INET6, _parseipv6_text
     else:
         raise _fail(ProxyErrorReason.V1_BAD_PROTOCOL, f"v1 protocol {protocol!r} unknown")
     fields = rest.split(b" ")
@@ -253,7 +247,7 @@ def _ascii_number(text: bytes, max_digits: int) -> int | None:
     return value
 
 
-def _parse_ipv4_text(text: bytes) -> str:
+def _parseipv4_text(text: bytes) -> str:
     octets = text.split(b".")
     if len(octets) == 4:
         values = [_ascii_number(octet, 3) for octet in octets]
@@ -262,10 +256,10 @@ def _parse_ipv4_text(text: bytes) -> str:
     raise _fail(ProxyErrorReason.V1_BAD_ADDRESS, f"bad v1 IPv4 address {text!r}")
 
 
-def _parse_ipv6_text(text: bytes) -> str:
+def _parseipv6_text(text: bytes) -> str:
     if len(text) <= _MAX_IPV6_TEXT and not text.translate(None, _IPV6_CHARS):
         try:
-            return _ipv6_text(ipaddress.IPv6Address(text.decode("ascii")).packed)
+            return ipv6_text(ipaddress.IPv6Address(text.decode("ascii")).packed)
         except ValueError:
             pass
     raise _fail(ProxyErrorReason.V1_BAD_ADDRESS, f"bad v1 IPv6 address {text!r}")
@@ -337,38 +331,12 @@ def _decode_v2_addresses(
 ) -> tuple[tuple[str, int], tuple[str, int]]:
     if family is ProxyFamily.INET:
         src, dst, src_port, dst_port = _INET_ADDRESSES.unpack_from(buf, V2_HEADER_BYTES)
-        return (_ipv4_text(src), src_port), (_ipv4_text(dst), dst_port)
+        return (ipv4_text(src), src_port), (ipv4_text(dst), dst_port)
     if family is ProxyFamily.INET6:
         src, dst, src_port, dst_port = _INET6_ADDRESSES.unpack_from(buf, V2_HEADER_BYTES)
-        return (_ipv6_text(src), src_port), (_ipv6_text(dst), dst_port)
+        return (ipv6_text(src), src_port), (ipv6_text(dst), dst_port)
     src, dst = _UNIX_ADDRESSES.unpack_from(buf, V2_HEADER_BYTES)
     return (_unix_path(src), 0), (_unix_path(dst), 0)
-
-
-def _ipv4_text(packed: bytes) -> str:
-    return f"{packed[0]}.{packed[1]}.{packed[2]}.{packed[3]}"
-
-
-def _ipv6_text(packed: bytes) -> str:
-    """RFC 5952 text as :mod:`ipaddress` writes it, but 2.5x faster (``str(IPv6Address)``
-    costs 4.5 us, twice per header); IPv4-mapped in mixed notation (RFC 5952 §5, as Python 3.13
-    does), so one address has one text whatever the Python or the PROXY version."""
-    if packed[:12] == _V4_MAPPED_PREFIX:
-        return "::ffff:" + _ipv4_text(packed[12:])
-    hextets = _HEXTETS.unpack(packed)
-    best_start, best_len, run_start = -1, 1, -1
-    for index, hextet in enumerate(hextets):
-        if hextet:
-            run_start = -1
-            continue
-        if run_start < 0:
-            run_start = index
-        if index - run_start + 1 > best_len:
-            best_start, best_len = run_start, index - run_start + 1
-    text = [f"{hextet:x}" for hextet in hextets]
-    if best_start < 0:
-        return ":".join(text)
-    return ":".join(text[:best_start]) + "::" + ":".join(text[best_start + best_len :])
 
 
 def _unix_path(raw: bytes) -> str:
@@ -377,47 +345,21 @@ def _unix_path(raw: bytes) -> str:
     return path.decode("utf-8", "surrogateescape")
 
 
-def _iter_tlvs(buf: bytes | bytearray, start: int, end: int) -> Iterator[tuple[int, int, int]]:
-    """(type, value offset, value length) of each TLV in buf[start:end], which they must fill."""
-    pos = start
-    while pos < end:
-        if end - pos < _TLV_HEAD.size:
-            raise _fail(ProxyErrorReason.V2_BAD_TLV, f"{end - pos} stray octets after the TLVs")
-        kind, size = _TLV_HEAD.unpack_from(buf, pos)
-        pos += _TLV_HEAD.size
-        if pos + size > end:
-            raise _fail(
-                ProxyErrorReason.V2_BAD_TLV, f"TLV 0x{kind:02x} of {size} octets overruns its block"
-            )
-        yield kind, pos, size
-        pos += size
-
-
 def _decode_tlvs(buf: bytes | bytearray, start: int, end: int) -> tuple[tuple[int, bytes], ...]:
     tlvs = []
     crc_offset = -1
-    for kind, pos, size in _iter_tlvs(buf, start, end):
+    for kind, pos, size in iter_tlvs(buf, start, end):
         value = bytes(buf[pos : pos + size])
         if kind == TlvType.CRC32C:
             if size != 4 or crc_offset >= 0:
                 raise _fail(ProxyErrorReason.V2_BAD_TLV, "CRC32C TLV must be one, of 4 octets")
             crc_offset = pos
         else:
-            _check_tlv_value(kind, value)
+            check_tlv_value(kind, value)
         tlvs.append((kind, value))
     if crc_offset >= 0:
         _verify_crc32c(buf, end, crc_offset)
     return tuple(tlvs)
-
-
-def _check_tlv_value(kind: int, value: bytes) -> None:
-    if kind == TlvType.UNIQUE_ID and len(value) > MAX_UNIQUE_ID_BYTES:
-        raise _fail(ProxyErrorReason.V2_BAD_TLV, f"UNIQUE_ID of {len(value)} octets > 128")
-    if kind == TlvType.SSL:
-        if len(value) < _SSL_HEAD.size:
-            raise _fail(ProxyErrorReason.V2_BAD_TLV, f"SSL TLV of {len(value)} octets < 5")
-        for _ in _iter_tlvs(value, _SSL_HEAD.size, len(value)):
-            pass
 
 
 def _verify_crc32c(buf: bytes | bytearray, end: int, offset: int) -> None:
@@ -429,21 +371,3 @@ def _verify_crc32c(buf: bytes | bytearray, end: int, offset: int) -> None:
         raise _fail(
             ProxyErrorReason.V2_BAD_CRC32C, f"CRC32C 0x{expected:08x}, computed 0x{actual:08x}"
         )
-
-
-def decode_ssl_tlv(value: bytes) -> SslInfo:
-    """Decode a PP2_TYPE_SSL value (raises :class:`ProxyProtocolError` if malformed)."""
-    _check_tlv_value(TlvType.SSL, value)
-    client, verify = _SSL_HEAD.unpack_from(value, 0)
-    text: dict[int, str] = {}
-    for kind, pos, size in _iter_tlvs(value, _SSL_HEAD.size, len(value)):
-        text.setdefault(kind, value[pos : pos + size].decode("utf-8", "replace"))
-    return SslInfo(
-        client=SslClient(client),
-        verify=verify,
-        version=text.get(SslSubtype.VERSION),
-        cipher=text.get(SslSubtype.CIPHER),
-        common_name=text.get(SslSubtype.CN),
-        sig_alg=text.get(SslSubtype.SIG_ALG),
-        key_alg=text.get(SslSubtype.KEY_ALG),
-    )
