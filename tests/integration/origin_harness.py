@@ -35,7 +35,7 @@ from tests.conftest import PkiFiles, scaled
 from tests.tunnel_env import free_port, listener_config, open_io
 from tunnel.aio.connection import TunnelConnection
 from tunnel.mux import SessionConfig
-from tunnel.runtime.config import config_to_toml
+from tunnel.runtime.config_render import config_to_toml
 
 ROOT = Path(__file__).resolve().parents[2]
 APP_DIR = ROOT / "deploy" / "node-app"

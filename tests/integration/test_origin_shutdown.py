@@ -31,7 +31,7 @@ from tests.tunnel_env import connect, dial_config
 from tunnel.aio.connection import TunnelConnection
 from tunnel.aio.stream import StreamResetError
 from tunnel.policy import choose_connection
-from tunnel.runtime.config import config_to_toml
+from tunnel.runtime.config_render import config_to_toml
 
 pytestmark = needs_node
 

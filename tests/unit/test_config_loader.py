@@ -20,10 +20,10 @@ from tunnel.mux.settings import SessionConfig
 from tunnel.runtime.config import (
     ConfigError,
     config_from_mapping,
-    config_to_toml,
     field_docs,
     load_config,
 )
+from tunnel.runtime.config_render import config_to_toml
 
 Net = ipaddress.IPv4Network | ipaddress.IPv6Network
 

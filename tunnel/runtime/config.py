@@ -13,9 +13,10 @@ nowhere else. This module is the one loader for all of them:
   all of them (hypercorn, our counter-example, silently ignores unknown keys).
 - Relative :class:`~pathlib.Path` values are resolved against the directory of
   the config file, so a config can name its certificates next to itself.
-- :func:`config_to_toml` renders a config, or a schema's defaults, back to TOML
-  with the field docstrings as comments: the example configs and
-  ``geoedge config --defaults`` come from the same place as the defaults.
+- :func:`tunnel.runtime.config_render.config_to_toml` renders a config, or a
+  schema's defaults, back to TOML with the field docstrings as comments: the
+  example configs and ``geoedge config --defaults`` come from the same place
+  as the defaults.
 
 Why not a library: dacite, cattrs and msgspec map mappings onto dataclasses,
 but out of the box none resolves paths against the config file, suggests near
@@ -52,9 +53,12 @@ __all__ = [
     "ConfigError",
     "ConfigProblem",
     "config_from_mapping",
-    "config_to_toml",
+    "describe_type",
     "field_docs",
     "load_config",
+    "schema_fields",
+    "toml_key",
+    "toml_value",
 ]
 
 T = TypeVar("T")
@@ -148,7 +152,7 @@ class _Field:
 
 
 @functools.cache
-def _fields(schema: type) -> dict[str, _Field]:
+def schema_fields(schema: type) -> dict[str, _Field]:
     """The init fields of a dataclass schema with resolved types and defaults."""
     hints = typing.get_type_hints(schema)
     out = {}
@@ -165,7 +169,7 @@ def _fields(schema: type) -> dict[str, _Field]:
     return out
 
 
-def _describe(tp: Any, seen: frozenset[type] = frozenset()) -> str:
+def describe_type(tp: Any, seen: frozenset[type] = frozenset()) -> str:
     """What a type looks like in TOML; raises TypeError for unsupported types.
 
     Walking the whole schema once (see :func:`_check_schema`) turns a schema
@@ -176,18 +180,18 @@ def _describe(tp: Any, seen: frozenset[type] = frozenset()) -> str:
         return "any value"
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         if tp not in seen:
-            for f in _fields(tp).values():
-                _describe(f.type, seen | {tp})
+            for f in schema_fields(tp).values():
+                describe_type(f.type, seen | {tp})
         return "table"
     if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a, seen) for a in args if a is not type(None))
+        return " or ".join(describe_type(a, seen) for a in args if a is not type(None))
     if origin is typing.Literal:
-        return "one of " + ", ".join(_value(a) for a in args)
+        return "one of " + ", ".join(toml_value(a) for a in args)
     if (origin is list and args) or (origin is tuple and args[1:] == (Ellipsis,)):
-        item = _describe(args[0], seen)
+        item = describe_type(args[0], seen)
         return "array of tables" if item == "table" else f"array of {item}"
     if origin is dict and len(args) == 2 and args[0] is str:
-        return f"table of {_describe(args[1], seen)}"
+        return f"table of {describe_type(args[1], seen)}"
     if isinstance(tp, type) and origin is None:
         if issubclass(tp, enum.Enum):
             return "one of " + ", ".join(repr(m.value) for m in tp)
@@ -204,7 +208,7 @@ def _describe(tp: Any, seen: frozenset[type] = frozenset()) -> str:
 def _check_schema(schema: type) -> None:
     if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
         raise TypeError(f"a config schema must be a dataclass type, not {schema!r}")
-    _describe(schema)
+    describe_type(schema)
 
 
 def _found(value: Any) -> str:
@@ -216,7 +220,7 @@ def _found(value: Any) -> str:
     kind = {bool: "boolean", int: "integer", float: "float", str: "string"}.get(type(value))
     if kind is None:
         return f"{type(value).__name__} {str(value)[:40]}"
-    shown = _value(value)
+    shown = toml_value(value)
     return f"{kind} {shown if len(shown) <= 60 else shown[:57] + '...'}"
 
 
@@ -247,7 +251,7 @@ class _Loader:
         return _INVALID
 
     def mismatch(self, where: KeyPath, tp: Any, value: Any) -> _Invalid:
-        return self.fail(where, f"expected {_describe(tp)}, found {_found(value)}")
+        return self.fail(where, f"expected {describe_type(tp)}, found {_found(value)}")
 
     def convert(self, value: Any, tp: Any, where: KeyPath) -> Any:
         origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -314,7 +318,7 @@ class _Loader:
         hint = ""
         if isinstance(value, str):
             hint = _did_you_mean(value, [str(m.value) for m in tp] + list(tp.__members__))
-        return self.fail(where, f"expected {_describe(tp)}, found {_found(value)}{hint}")
+        return self.fail(where, f"expected {describe_type(tp)}, found {_found(value)}{hint}")
 
     def convert_path(self, value: Any, tp: type[PurePath], where: KeyPath) -> Any:
         if isinstance(value, PurePath):
@@ -351,7 +355,7 @@ class _Loader:
             return value
         if not isinstance(value, Mapping):
             return self.fail(where, f"expected a table, found {_found(value)}")
-        fields = _fields(schema)
+        fields = schema_fields(schema)
         before = len(self.problems)
         for key in value:
             if key not in fields:
@@ -361,7 +365,7 @@ class _Loader:
             if name in value:
                 kwargs[name] = self.convert(value[name], f.type, (*where, name))
             elif f.required:
-                self.fail((*where, name), f"missing required key ({_describe(f.type)})")
+                self.fail((*where, name), f"missing required key ({describe_type(f.type)})")
         if len(self.problems) > before:
             return _INVALID
         try:
@@ -466,11 +470,11 @@ def _quote(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def _key(name: str) -> str:
+def toml_key(name: str) -> str:
     return name if _BARE_KEY.fullmatch(name) else _quote(name)
 
 
-def _value(value: Any) -> str:
+def toml_value(value: Any) -> str:
     """An inline TOML value."""
     if isinstance(value, enum.Enum):
         value = value.value
@@ -487,18 +491,12 @@ def _value(value: Any) -> str:
     if isinstance(value, (PurePath, *_IP_TYPES)):
         return _quote(str(value))
     if isinstance(value, list | tuple):
-        return "[" + ", ".join(_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}
     if isinstance(value, Mapping):
-        inner = ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items() if v is not None)
+        inner = ", ".join(
+            f"{toml_key(k)} = {toml_value(v)}" for k, v in value.items() if v is not None
+        )
         return "{ " + inner + " }" if inner else "{}"
     raise TypeError(f"cannot render {value!r} as TOML")
-
-
-def config_to_toml(obj: Any) -> str:
-    """A config object (or a schema class, for its defaults) as commented TOML;
-    see :mod:`tunnel.runtime.config_render`."""
-    from tunnel.runtime.config_render import config_to_toml as render  # imports this module
-
-    return render(obj)

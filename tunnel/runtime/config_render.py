@@ -10,11 +10,11 @@ from typing import Any
 
 from tunnel.runtime.config import (
     KeyPath,
-    _describe,
-    _fields,
-    _key,
-    _value,
+    describe_type,
     field_docs,
+    schema_fields,
+    toml_key,
+    toml_value,
 )
 
 # --------------------------------------------------------------------------- rendering
@@ -37,7 +37,7 @@ def _items(obj: Any) -> list[tuple[str, Any, str]]:
     schema = obj if isinstance(obj, type) else type(obj)
     docs = field_docs(schema)
     items = []
-    for name, f in _fields(schema).items():
+    for name, f in schema_fields(schema).items():
         if not isinstance(obj, type):
             value = getattr(obj, name)
         elif not f.required:
@@ -67,7 +67,7 @@ def _write_table(lines: list[str], header: KeyPath, obj: Any, doc: str, array: b
     if header:
         lines.append("")
         _comment(lines, doc)
-        name = ".".join(_key(str(k)) for k in header)
+        name = ".".join(toml_key(str(k)) for k in header)
         lines.append(f"[[{name}]]" if array else f"[{name}]")
     tables = []
     for key, value, item_doc in items:
@@ -76,11 +76,11 @@ def _write_table(lines: list[str], header: KeyPath, obj: Any, doc: str, array: b
             continue
         _comment(lines, item_doc)
         if value is None:
-            lines.append(f"# {_key(key)} =  (not set)")
+            lines.append(f"# {toml_key(key)} =  (not set)")
         elif isinstance(value, _Required):
-            lines.append(f"# {_key(key)} =  (required: {_describe(value.type)})")
+            lines.append(f"# {toml_key(key)} =  (required: {describe_type(value.type)})")
         else:
-            lines.append(f"{_key(key)} = {_value(value)}")
+            lines.append(f"{toml_key(key)} = {toml_value(value)}")
     for key, value, item_doc in tables:
         if _is_table_array(value):
             for i, element in enumerate(value):

@@ -1,7 +1,7 @@
 """``geoedge init edge|origin|node --out DIR``: the files one host needs, ready to copy.
 
 For an edge or an origin: the config, rendered from the schema the daemon
-loads (:func:`tunnel.runtime.config.config_to_toml`: every key with its value
+loads (:func:`tunnel.runtime.config_render.config_to_toml`: every key with its value
 and its docstring as a comment, so it is also the reference), the systemd
 unit(s), the sysctl file, and EC2 user data (cloud-init) carrying that same
 config. For a Node.js backend host: the ``geoedge-node@.service`` template and
@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tunnel.runtime import assets
-from tunnel.runtime.config import ConfigError, config_from_mapping, config_to_toml
+from tunnel.runtime.config import ConfigError, config_from_mapping
+from tunnel.runtime.config_render import config_to_toml
 from tunnel.runtime.pki import write_file_atomically
 from tunnel.runtime.version import package_version
 
