@@ -44,7 +44,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from origin.keepalive import IdleBackends
 from tunnel.aio.stream import TunnelStream
 from tunnel.codecs.proxy import TlvType, encode_ssl_tlv, encode_v1, encode_v2
 from tunnel.mux import ErrorCode, StreamMetadata
@@ -245,14 +244,13 @@ class BackendProtocol(asyncio.Protocol):
     ends the connection: a backend has nothing to say between exchanges.
     """
 
-    __slots__ = ("deadline", "idle", "idle_key", "last_active", "splice", "transport")
+    __slots__ = ("_forget", "deadline", "last_active", "splice", "transport")
 
     def __init__(self, splice: Splice) -> None:
         self.splice: Splice | None = splice
         self.transport: asyncio.Transport | None = None
         self.last_active = 0.0
-        self.idle: IdleBackends | None = None
-        self.idle_key: object = None
+        self._forget: Callable[[BackendProtocol], None] | None = None  # while parked
         self.deadline = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -295,22 +293,25 @@ class BackendProtocol(asyncio.Protocol):
 
     # -- keep-alive reuse (origin.keepalive) ----------------------------------------------
 
-    def park(self, idle: IdleBackends, key: object, deadline: float) -> None:
+    def park(self, forget: Callable[[BackendProtocol], None], deadline: float) -> None:
         self.splice = None
-        self.idle = idle
-        self.idle_key = key
+        self._forget = forget
         self.deadline = deadline
         self.transport.resume_reading()  # type: ignore[union-attr]  # to see a close
 
+    @property
+    def parked(self) -> bool:
+        return self._forget is not None
+
     def unpark(self) -> bool:
         """Taken for a new stream: False if the connection died meanwhile."""
-        self.idle = None
+        self._forget = None
         return self.transport is not None and not self.transport.is_closing()
 
     def close_parked(self) -> None:
-        idle, self.idle = self.idle, None
-        if idle is not None:
-            idle.discard(self.idle_key, self)
+        forget, self._forget = self._forget, None
+        if forget is not None:
+            forget(self)
         if self.transport is not None:
             self.transport.close()
 

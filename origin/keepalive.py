@@ -26,44 +26,62 @@ oldest ones age out.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from origin.forward import BackendProtocol
-
-__all__ = ["IdleBackends"]
+__all__ = ["IdleBackends", "Parkable"]
 
 #: How often expired idle connections are closed (while any are parked).
 SWEEP_INTERVAL_S = 0.5
 
 
-class IdleBackends:
+class Parkable(Protocol):
+    """A backend connection that can wait here between streams
+    (:class:`origin.forward.BackendProtocol`)."""
+
+    @property
+    def deadline(self) -> float:
+        """When it is closed if nobody took it."""
+
+    def park(self, forget: Callable[[Parkable], None], deadline: float) -> None:
+        """It is parked: if it closes meanwhile, it calls ``forget(self)``."""
+
+    def unpark(self) -> bool:
+        """It is taken: False if it died meanwhile."""
+
+    def close_parked(self) -> None: ...
+
+
+P = TypeVar("P", bound=Parkable)
+
+
+class IdleBackends(Generic[P]):
     """One worker's parked backend connections, by backend (compared by identity)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, clock: Callable[[], float]) -> None:
         self._loop = loop
         self._clock = clock
-        self._idle: dict[object, list[BackendProtocol]] = {}
+        self._idle: dict[object, list[P]] = {}
         self._count = 0
         self._timer: asyncio.TimerHandle | None = None
 
     def __len__(self) -> int:
         return self._count
 
-    def park(self, key: object, protocol: BackendProtocol, deadline: float, limit: int) -> bool:
+    def park(self, key: object, protocol: P, deadline: float, limit: int) -> bool:
         """Keep ``protocol``'s connection until ``deadline``; False: over ``limit``."""
         parked = self._idle.setdefault(key, [])
         if len(parked) >= limit or deadline <= self._clock():
             return False
-        protocol.park(self, key, deadline)
+        protocol.park(functools.partial(self.discard, key), deadline)
         parked.append(protocol)
         self._count += 1
         if self._timer is None:
             self._timer = self._loop.call_later(SWEEP_INTERVAL_S, self._sweep)
         return True
 
-    def take(self, key: object) -> BackendProtocol | None:
+    def take(self, key: object) -> P | None:
         """The most recently parked live connection to ``key``, unparked; or None."""
         parked = self._idle.get(key)
         if not parked:
@@ -77,7 +95,7 @@ class IdleBackends:
             protocol.close_parked()
         return None
 
-    def discard(self, key: object, protocol: BackendProtocol) -> None:
+    def discard(self, key: object, protocol: Parkable) -> None:
         """``protocol``'s connection ended while parked."""
         parked = self._idle.get(key)
         if parked and protocol in parked:

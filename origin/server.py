@@ -152,7 +152,7 @@ class OriginWorker:
         self._connections: set[TunnelConnection] = set()
         self._splices: set[Splice] = set()
         self._queues: dict[str, StreamQueue] = {}
-        self.idle = IdleBackends(self._loop, clock)
+        self.idle: IdleBackends[BackendProtocol] = IdleBackends(self._loop, clock)
         self._draining = False
         self._shutdown_task: asyncio.Task[None] | None = None
         self._edge_timer: asyncio.TimerHandle | None = None

@@ -67,7 +67,7 @@ def test_takes_are_lifo_and_unpark() -> None:
         assert idle.take(KEY) is b
         assert idle.take(KEY) is a
         assert idle.take(KEY) is None and len(idle) == 0
-        assert a.idle is None and not a.transport.is_closing()
+        assert not a.parked and not a.transport.is_closing()
         assert idle.take(object()) is None  # another backend has none
 
     run_async(with_backend(body), 10)
