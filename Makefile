@@ -74,6 +74,7 @@ tools: $(TOOLS)/h2spec
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 test: venv node lint tools
 	$(VENV)/bin/pytest -q

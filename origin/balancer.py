@@ -366,7 +366,10 @@ class BackendPool:
         def weight_of(b: Backend) -> float:
             return effective_weight(b, now, slow_start_s)
 
-        return self.algorithm.choose(self.backends, eligible, weight_of, client_key)
+        chosen: Backend | None = self.algorithm.choose(
+            self.backends, eligible, weight_of, client_key
+        )
+        return chosen
 
     def usable(self, now: float) -> bool:
         """Some backend could take a stream (ignoring caps)."""

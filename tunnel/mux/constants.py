@@ -99,7 +99,7 @@ class SettingId(enum.IntEnum):
 
 
 #: Values assumed for a setting the peer does not announce (PROTOCOL.md §5.1).
-SETTING_DEFAULTS: dict[SettingId, int] = {
+SETTING_DEFAULTS: dict[int, int] = {
     SettingId.MAX_FRAME_BYTES: 65536,
     SettingId.MAX_CONCURRENT_STREAMS: 16384,
     SettingId.INITIAL_STREAM_WINDOW: 256 * 1024,

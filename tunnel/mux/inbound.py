@@ -62,7 +62,7 @@ class InboundFrames:
     peer_settings: dict[int, int]
     rtt: RttEstimator
     _streams: dict[int, Stream]
-    _control: list[bytes]
+    _control: list[bytes | memoryview]
     _scheduler: RoundRobin
     _stalled: dict[int, float]
     _pings: dict[bytes, float]

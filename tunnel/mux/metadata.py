@@ -90,12 +90,14 @@ class StreamMetadata:
             items.append((MetaKey.TLS_RESUMED, b"\x01" if self.tls_resumed else b"\x00"))
         items.sort(key=lambda item: item[0])
         out = bytearray()
-        for key, raw in items:
-            _put(out, key, raw)
-        for key, raw in self.extra.items():
-            if not 0 <= key <= 0xFF or key in _KNOWN_KEYS:
-                raise MetadataError(f"extra metadata key {key:#x} is not an unregistered octet")
-            _put(out, key, raw)
+        for item_key, raw in items:
+            _put(out, item_key, raw)
+        for extra_key, raw in self.extra.items():
+            if not 0 <= extra_key <= 0xFF or extra_key in _KNOWN_KEYS:
+                raise MetadataError(
+                    f"extra metadata key {extra_key:#x} is not an unregistered octet"
+                )
+            _put(out, extra_key, raw)
         return bytes(out)
 
     @classmethod

@@ -16,6 +16,7 @@ GOAWAY. Only the codes travel; exception text stays in our logs.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tunnel.mux import frames
@@ -99,7 +100,7 @@ class Session(InboundFrames):
         self._local_open = 0
         self._peer_open = 0
         self._opened_total = 0
-        self._control: list[bytes] = [
+        self._control: list[bytes | memoryview] = [
             frames.encode_hello(MIN_VERSION, MAX_VERSION, config.announced_settings())
         ]
         self._scheduler = RoundRobin()
@@ -530,7 +531,8 @@ class Session(InboundFrames):
 #: Control frame handlers by type, as plain functions of the session. Not bound
 #: methods kept on each session: those would make every session a reference
 #: cycle, left behind by each closed tunnel connection until a full collection.
-_HANDLERS = {
+_Handler = Callable[["Session", int, int, bytes, float, list[Event]], None]
+_HANDLERS: dict[int, _Handler] = {
     FrameType.HELLO: Session._on_hello,
     FrameType.SETTINGS: Session._on_settings,
     FrameType.OPEN: Session._on_open,

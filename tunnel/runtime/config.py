@@ -204,11 +204,17 @@ def describe_type(tp: Any, seen: frozenset[type] = frozenset()) -> str:
     raise TypeError(f"unsupported type in a config schema: {tp!r}")
 
 
-@functools.cache
+_CHECKED_SCHEMAS: set[type] = set()
+
+
 def _check_schema(schema: type) -> None:
+    """Every field's type is one the loader knows (once per schema)."""
+    if schema in _CHECKED_SCHEMAS:
+        return
     if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
         raise TypeError(f"a config schema must be a dataclass type, not {schema!r}")
     describe_type(schema)
+    _CHECKED_SCHEMAS.add(schema)
 
 
 def _found(value: Any) -> str:
@@ -284,7 +290,7 @@ class _Loader:
             return self.convert_path(value, tp, where)
         return self.convert_ip(value, (tp,), where)
 
-    def convert_union(self, value: Any, tp: Any, args: tuple, where: KeyPath) -> Any:
+    def convert_union(self, value: Any, tp: Any, args: tuple[Any, ...], where: KeyPath) -> Any:
         if value is None and type(None) in args:
             return None
         members = tuple(a for a in args if a is not type(None))
@@ -388,7 +394,7 @@ def config_from_mapping(
     """
     _check_schema(schema)
     loader = _Loader(Path(base_dir) if base_dir is not None else None)
-    result = loader.load_table(data, schema, ())
+    result: T = loader.load_table(data, schema, ())
     if loader.problems:
         raise ConfigError(source, loader.problems)
     return result
