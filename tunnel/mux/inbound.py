@@ -99,11 +99,11 @@ class InboundFrames:
     ) -> None:
         n = len(payload)
         if n > self.config.max_frame_bytes:
-            # Fix: the reader admits 4 + MAX_METADATA_BYTES for OPEN, which may be
-            # more than MAX_FRAME_BYTES; DATA is held to MAX_FRAME_BYTES (§4).
+            # The reader admits 4 + MAX_METADATA_BYTES for OPEN, which may be more
+            # than MAX_FRAME_BYTES; DATA is held to MAX_FRAME_BYTES (§4).
             raise FrameSizeError(f"DATA of {n} octets above MAX_FRAME_BYTES")
         if not n and not flags & _END:
-            # Fix: charged whatever the stream, so a flood on a closed stream costs too (§8.1).
+            # Charged whatever the stream: a flood on a closed stream costs too (§8.1).
             self._charge(Cost.EMPTY_DATA, now)
         self._recv_window.receive(n)  # connection scope first, whatever the stream (§7.2)
         stream = self._streams.get(stream_id)
@@ -192,7 +192,7 @@ class InboundFrames:
         self._last_peer_stream_id = stream_id
         if self._goaway_sent or self._peer_open >= self.config.max_concurrent_streams:
             self._charge(Cost.REFUSED_STREAM, now)
-            # Fix: through the bounded queue, like every reply the peer provokes (§8.2).
+            # Through the bounded queue, like every reply the peer provokes (§8.2).
             self._queue_control(frames.encode_reset(stream_id, ErrorCode.REFUSED_STREAM))
             return
         (initial_window,) = U32.unpack_from(payload, 0)
@@ -200,7 +200,7 @@ class InboundFrames:
             raise FlowControlError("OPEN window above 2^31-1")
         try:
             if len(payload) - 4 > self.config.max_metadata_bytes:
-                # Fix: our MAX_METADATA_BYTES was announced but not enforced (§4, §6.2).
+                # What we announce as MAX_METADATA_BYTES we enforce (§4, §6.2).
                 raise MetadataError("metadata above our MAX_METADATA_BYTES")
             metadata = StreamMetadata.decode(memoryview(payload)[4:])
         except MetadataError:
@@ -307,9 +307,9 @@ class InboundFrames:
                 self._forget(stream)
                 events.append(StreamReset(stream.stream_id, ErrorCode.REFUSED_STREAM, remote=True))
         if code != ErrorCode.NO_ERROR:
-            # Fix: refuse the unprocessed streams first (above), so that they are
-            # reported as REFUSED_STREAM, safe to retry, even when the peer is
-            # closing with an error (§6.6); the rest are reset with its code.
+            # The unprocessed streams were refused first (above): REFUSED_STREAM,
+            # safe to retry, even when the peer closes with an error (§6.6); the
+            # rest are reset with its code.
             self._terminate(code, reason, events, remote=True, send_goaway=False)
 
     def _check_not_idle(self, stream_id: int, what: str) -> None:
@@ -324,7 +324,7 @@ class InboundFrames:
 
 
 def _check_connection_frame(stream_id: int, what: str) -> None:
-    # Fix: a connection-scope frame on a stream broke the framing rules (§5), it
-    # is not a size problem; this used to be reported as FRAME_SIZE_ERROR.
+    # A connection-scope frame on a stream breaks the framing rules (§5): a
+    # PROTOCOL_ERROR, not a size problem.
     if stream_id != 0:
         raise ProtocolError(f"{what} on stream {stream_id}")

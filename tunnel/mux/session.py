@@ -141,9 +141,9 @@ class Session(InboundFrames):
         try:
             self._dispatch_frames(self._reader.feed(data), now, events)
         except ProtocolError as exc:
-            # Fix: whole frames before a framing fault in the same read are
-            # processed first, so the first error in byte order wins however
-            # the bytes were split (§2.3); they used to be dropped.
+            # Whole frames before a framing fault in the same read are processed
+            # first: the first error in byte order wins however the bytes were
+            # split (§2.3).
             earlier: list[RawFrame] = getattr(exc, "frames_before", [])
             if earlier and not self.terminated:
                 try:
@@ -226,7 +226,7 @@ class Session(InboundFrames):
             raise StreamClosedError(f"stream {stream_id} already ended locally")
         if stream.send_window > 0 or (end_stream and not stream.send_buffered):
             self._scheduler.push(stream_id)
-        elif stream.stall_since is None and stream.send_buffered:  # Fix: as in data_to_send
+        elif stream.stall_since is None and stream.send_buffered:  # only data waits: a stall
             stream.stall_since = self._last_received
             self._stalled[stream_id] = self._last_received
 
@@ -249,8 +249,8 @@ class Session(InboundFrames):
         stream = self._streams.get(stream_id)
         if stream is None or self.terminated:
             return  # a forgotten stream's credit went back when it closed
-        # Fix: never acknowledge more than was received; an over-ack would
-        # grant the peer credit for memory we do not have (§7.3).
+        # Never more than was received: an over-ack would grant the peer credit
+        # for memory we do not have (§7.3).
         n = min(n, stream.recv_window.unconsumed)
         if n <= 0:
             return
@@ -356,11 +356,11 @@ class Session(InboundFrames):
             if stream is None:
                 continue
             n = min(stream.send_buffered, stream.send_window, self._send_window, max_frame)
-            # Fix: "and not end_sent": an empty send_data() after the END (sent on
-            # OPEN or in DATA) used to send END_STREAM a second time (§6.4).
+            # END_STREAM goes out once (§6.4), whether it was sent on OPEN or in
+            # DATA: an empty send_data() after it sends nothing.
             end = stream.end_queued and not stream.end_sent and n == stream.send_buffered
             if n == 0 and not end:
-                if stream.send_buffered:  # Fix: nothing to send is not a stall
+                if stream.send_buffered:  # nothing to send is not a stall
                     self._mark_stalled(stream)
                 continue
             chunks = stream.take(n)

@@ -170,8 +170,8 @@ class LogThrottle:
     """At most ``burst`` lines per ``window_s`` for each message template; the rest
     are counted, and the next line let through says how many were suppressed.
 
-    During an outage every failed request used to write its own warning (1,821
-    lines in 16 s); operators need the first few and a count. Keyed by the
+    During an outage every failed request would write its own warning (1,821
+    lines in 16 s, measured); operators need the first few and a count. Keyed by the
     format string, so "upstream failure for %s: %s" from a thousand clients is
     one key. ``clock`` is a parameter so tests need not sleep.
     """
