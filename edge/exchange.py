@@ -43,9 +43,8 @@ from edge.http1 import (
     WebSocketRefused,
 )
 from edge.ws_frames import CLOSE_GOING_AWAY, FrameTracker, close_frame
-from tunnel.aio.stream import StreamResetError
+from tunnel.aio.errors import StreamResetError, TunnelError
 from tunnel.mux import ErrorCode
-from tunnel.mux.errors import MuxError
 from tunnel.mux.metadata import encode_request_fields
 
 if TYPE_CHECKING:
@@ -110,7 +109,7 @@ class ExchangeServices(Protocol):
 
     def open_stream(
         self, metadata: bytes, factory: object
-    ) -> tuple[str, TunnelStream]: ...  # raises ConnectionError or MuxError
+    ) -> tuple[str, TunnelStream]: ...  # raises tunnel.aio.errors.TunnelError
     def wait_for_tunnel(self, waiter: Exchange) -> bool: ...
     def stop_waiting_for_tunnel(self, waiter: Exchange) -> None: ...
     def count_error(self, reason: str) -> None: ...
@@ -392,7 +391,7 @@ class Exchange:
         binding = _Binding(self)
         try:
             origin, _ = self.services.open_stream(self._connection_metadata, lambda: binding)
-        except (ConnectionError, MuxError):
+        except TunnelError:
             return False
         self._binding = binding
         self.record.origin = origin

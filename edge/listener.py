@@ -39,7 +39,7 @@ PROXY_HEADER_TIMEOUT_S = 5.0
 _MAX_PEEK = 4096 + 16
 
 
-class PeerRefused(Exception):
+class ClientRefused(Exception):
     """A connection refused before TLS; the message is the logged reason."""
 
 
@@ -78,20 +78,20 @@ async def read_proxy_header(
             await _wait_readable(loop, sock)
             peeked = sock.recv(_MAX_PEEK, socket.MSG_PEEK)
             if len(peeked) <= buffered:
-                raise PeerRefused("closed inside the PROXY header")
+                raise ClientRefused("closed inside the PROXY header")
             buffered = len(peeked)
             if looks_like_proxy_header(peeked) is False:
-                raise PeerRefused("no PROXY header from a trusted peer")
+                raise ClientRefused("no PROXY header from a trusted peer")
             parser = ProxyHeaderParser(max_v2_bytes=4096)  # peeked bytes are re-read whole
             try:
                 header = parser.feed(peeked)
             except ProxyProtocolError as exc:
-                raise PeerRefused(f"malformed PROXY header: {exc}") from None
+                raise ClientRefused(f"malformed PROXY header: {exc}") from None
             if header is not None:
                 sock.recv(len(peeked) - len(parser.remainder))  # the header only; TLS follows
                 return header.source
             if buffered >= _MAX_PEEK:
-                raise PeerRefused("PROXY header too long")
+                raise ClientRefused("PROXY header too long")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, buffered + 1)
     finally:
         if buffered:
@@ -124,7 +124,7 @@ async def serve_proxy_listener(
                 async with asyncio.timeout(PROXY_HEADER_TIMEOUT_S):
                     await _wait_readable(loop, conn)
                 if looks_like_proxy_header(conn.recv(16, socket.MSG_PEEK)):
-                    raise PeerRefused(f"PROXY header from untrusted peer {peer[0]}")
+                    raise ClientRefused(f"PROXY header from untrusted peer {peer[0]}")
                 client = peer
             else:
                 async with asyncio.timeout(PROXY_HEADER_TIMEOUT_S):
@@ -144,7 +144,7 @@ async def serve_proxy_listener(
                 release,
                 on_failed,
             )
-        except (PeerRefused, TimeoutError, OSError) as exc:
+        except (ClientRefused, TimeoutError, OSError) as exc:
             reason = str(exc) or type(exc).__name__
             if isinstance(exc, TimeoutError):
                 reason = "no PROXY header within the timeout"

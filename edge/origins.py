@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from edge.config import OriginConfig
-from tunnel.aio.pool import NoTunnelAvailable, PoolStatistics, TunnelPool
+from tunnel.aio.errors import NoTunnelAvailable
+from tunnel.aio.pool import PoolStatistics, TunnelPool
 from tunnel.aio.stream import TunnelStream
 from tunnel.aio.transport import dial_ssl_context, dial_tunnel
 from tunnel.mux import SessionConfig, StreamMetadata

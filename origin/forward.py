@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tunnel.aio.errors import TunnelError
 from tunnel.aio.stream import TunnelStream
 from tunnel.codecs.proxy import TlvType, encode_ssl_tlv, encode_v1, encode_v2
 from tunnel.mux import ErrorCode, StreamMetadata
@@ -150,7 +151,7 @@ class Splice(asyncio.Protocol):
             self.backend_open = False
             if exc is None:
                 backend.close()
-            elif not (getattr(exc, "code", None) == ErrorCode.IDLE and self._park()):
+            elif not (isinstance(exc, TunnelError) and exc.code == ErrorCode.IDLE and self._park()):
                 _reset(backend)
         elif self.connect_task is not None:
             task, self.connect_task = self.connect_task, None

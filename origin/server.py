@@ -49,7 +49,8 @@ from origin.keepalive import IdleBackends
 from origin.metrics import WorkerMetrics
 from origin.queue import StreamQueue
 from origin.snapshot import PoolSnapshot, decode_snapshots
-from tunnel.aio.connection import PeerRefused, TunnelConnection
+from tunnel.aio.connection import TunnelConnection
+from tunnel.aio.errors import PeerRefused, TunnelError
 from tunnel.aio.stream import TunnelStream
 from tunnel.aio.transport import serve_tunnel
 from tunnel.mux import ErrorCode
@@ -541,7 +542,7 @@ class OriginWorker:
 
     def _finished(self, splice: Splice, exc: BaseException | None) -> None:
         self._splices.discard(splice)
-        code = getattr(exc, "code", None)
+        code = exc.code if isinstance(exc, TunnelError) else None
         if self.access_log is not None:
             self._log_stream(splice, code)
         backend = splice.tag

@@ -16,7 +16,7 @@ from edge.config import HttpConfig, RedirectListenerConfig
 from edge.deadlines import Deadlines
 from edge.exchange import RequestRecord
 from edge.http1 import HttpLimits
-from tunnel.aio.stream import StreamResetError
+from tunnel.aio.errors import NoTunnelAvailable, StreamResetError
 from tunnel.mux import StreamMetadata
 
 
@@ -143,7 +143,7 @@ class FakeServices:
 
     def open_stream(self, metadata: bytes, factory: Any) -> tuple[str, FakeStream]:
         if not self.tunnel_up:
-            raise ConnectionError("no usable tunnel")
+            raise NoTunnelAvailable("no usable tunnel")
         stream = FakeStream(metadata, factory())
         self.streams.append(stream)
         return "origin-a", stream

@@ -20,8 +20,8 @@ from tests.tunnel_env import (
     open_io,
     start_server,
 )
-from tunnel.aio.stream import StreamIO, StreamResetError
-from tunnel.aio.transport import TunnelHandshakeError
+from tunnel.aio.errors import StreamResetError, TunnelHandshakeError
+from tunnel.aio.stream import StreamIO
 from tunnel.mux import ErrorCode, SessionConfig, StreamMetadata
 
 

@@ -13,8 +13,9 @@ import time
 
 from tests.conftest import PkiFiles, run_async, scaled
 from tests.tunnel_env import dial_config, listener_config, start_server
+from tunnel.aio.errors import StreamResetError
 from tunnel.aio.pool import TunnelPool
-from tunnel.aio.stream import StreamIO, StreamResetError
+from tunnel.aio.stream import StreamIO
 from tunnel.aio.transport import dial_tunnel
 from tunnel.mux import ErrorCode, SessionConfig, StreamMetadata
 from tunnel.policy import Backoff

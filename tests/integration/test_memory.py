@@ -46,7 +46,7 @@ from tests.integration.origin_harness import (
 )
 from tests.leaks import collector_off, live
 from tests.tunnel_env import connect, dial_config, free_port, open_io
-from tunnel.aio.stream import StreamResetError
+from tunnel.aio.errors import StreamResetError
 from tunnel.mux import ErrorCode
 
 _RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset

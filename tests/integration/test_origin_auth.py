@@ -21,7 +21,7 @@ from tests.integration.origin_harness import (
     pool,
 )
 from tests.tunnel_env import connect, dial_config
-from tunnel.aio.transport import TunnelHandshakeError
+from tunnel.aio.errors import TunnelHandshakeError
 
 pytestmark = needs_node
 

@@ -25,8 +25,7 @@ from tests.integration.origin_harness import (
 )
 from tests.tunnel_env import connect, dial_config, free_port
 from tunnel.aio.connection import TunnelConnection
-from tunnel.aio.stream import StreamResetError
-from tunnel.aio.transport import TunnelHandshakeError
+from tunnel.aio.errors import StreamResetError, TunnelHandshakeError
 
 pytestmark = needs_node
 

@@ -24,8 +24,7 @@ from tests.integration.origin_harness import (
     pool,
 )
 from tests.tunnel_env import connect, dial_config, free_port
-from tunnel.aio.stream import StreamResetError
-from tunnel.aio.transport import TunnelHandshakeError
+from tunnel.aio.errors import StreamResetError, TunnelHandshakeError
 from tunnel.mux import ErrorCode
 
 pytestmark = needs_node

@@ -16,7 +16,8 @@ import pytest
 from tests.conftest import PkiFiles, run_async
 from tests.integration.origin_harness import CLIENT, origin_config, origin_in_process, pool
 from tests.tunnel_env import connect, dial_config, open_io
-from tunnel.aio.stream import StreamIO, StreamResetError
+from tunnel.aio.errors import StreamResetError
+from tunnel.aio.stream import StreamIO
 from tunnel.mux import ErrorCode
 
 MiB = 1024 * 1024

@@ -29,7 +29,7 @@ from tests.integration.origin_harness import (
 )
 from tests.tunnel_env import connect, dial_config
 from tunnel.aio.connection import TunnelConnection
-from tunnel.aio.stream import StreamResetError
+from tunnel.aio.errors import StreamResetError
 from tunnel.policy import choose_connection
 from tunnel.runtime.config_render import config_to_toml
 

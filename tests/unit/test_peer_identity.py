@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from tests.conftest import PkiFiles
-from tunnel.aio.connection import PeerRefused
+from tunnel.aio.errors import PeerRefused
 from tunnel.aio.transport import check_peer_certificate
 
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tunnel.aio.errors import PeerRefused, StreamOpenError
 from tunnel.aio.stream import TunnelStream
 from tunnel.aio.warmup import CongestionWarmUp
 from tunnel.mux import (
@@ -44,7 +45,7 @@ from tunnel.mux import (
     StreamReset,
 )
 from tunnel.mux.constants import SettingId
-from tunnel.mux.errors import SessionClosedError, StreamClosedError
+from tunnel.mux.errors import MuxError, SessionClosedError, StreamClosedError
 
 log = logging.getLogger("geoedge.tunnel")
 
@@ -85,10 +86,6 @@ class ConnectionInfo:
     peer_identity: str
     peer_address: tuple[str, int] | None
     transport_kind: str  # "tls" or "tcp"
-
-
-class PeerRefused(Exception):
-    """Raised by an authorizer: the peer is not allowed (the reason is logged)."""
 
 
 #: Decides who the peer is once the transport is up (after the TLS handshake):
@@ -263,8 +260,12 @@ class TunnelConnection(asyncio.Protocol):
     ) -> TunnelStream:
         """Open a stream (0-RTT: write to it at once). ``metadata`` may come
         already encoded (bytes); the stream's ``metadata`` is then None. Raises
-        :class:`~tunnel.mux.errors.MuxError` subclasses when it cannot."""
-        stream_id = self.session.open_stream(metadata, end_stream=end_stream)
+        :class:`~tunnel.aio.errors.StreamOpenError` (with the core's code) when
+        it cannot."""
+        try:
+            stream_id = self.session.open_stream(metadata, end_stream=end_stream)
+        except MuxError as exc:
+            raise StreamOpenError(str(exc), exc.code) from exc
         stream = TunnelStream(
             self,
             stream_id,

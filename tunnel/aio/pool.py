@@ -18,18 +18,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from tunnel.aio.connection import TunnelConnection
+from tunnel.aio.errors import NoTunnelAvailable, TunnelError
 from tunnel.aio.stream import TunnelStream
 from tunnel.mux import ConnectionTerminated, GoAwayReceived, StreamMetadata
-from tunnel.mux.errors import MuxError
 from tunnel.policy import Backoff, choose_connection
 
 log = logging.getLogger("geoedge.tunnel")
 
 Dialer = Callable[[int], Awaitable[TunnelConnection]]
-
-
-class NoTunnelAvailable(ConnectionError):
-    """No connection of the pool can take a new stream right now."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +82,7 @@ class TunnelPool:
             self._dials += 1
             try:
                 connection = await self._dial(self.learned_stream_window)
-            except (OSError, TimeoutError, MuxError, ConnectionError) as exc:
+            except (TunnelError, OSError, TimeoutError) as exc:
                 self._dial_failures += 1
                 delay = self._backoff.delay(attempt, self._rng)
                 attempt += 1

@@ -25,6 +25,7 @@ import asyncio
 from collections import deque
 from typing import Any, Protocol
 
+from tunnel.aio.errors import StreamResetError
 from tunnel.mux import ErrorCode, StreamMetadata
 
 
@@ -41,16 +42,6 @@ class StreamCarrier(Protocol):
     def _stream_consumed(self, stream_id: int, n: int) -> None: ...
     def _stream_gone(self, stream_id: int) -> None: ...
     def _watch_write_pause(self, stream: TunnelStream) -> None: ...
-
-
-class StreamResetError(ConnectionError):
-    """The stream was reset; ``code`` is its wire error code (PROTOCOL.md §9)."""
-
-    def __init__(self, code: int, remote: bool) -> None:
-        who = "peer" if remote else "local side"
-        super().__init__(f"stream reset by {who}: {ErrorCode.name_of(code)}")
-        self.code = code
-        self.remote = remote
 
 
 class TunnelStream(asyncio.Transport):

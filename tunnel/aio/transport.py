@@ -24,10 +24,10 @@ from typing import Literal
 from tunnel.aio.connection import (
     Authorizer,
     ConnectionInfo,
-    PeerRefused,
     StreamAcceptor,
     TunnelConnection,
 )
+from tunnel.aio.errors import PeerRefused, TunnelHandshakeError
 from tunnel.aio.tls import tunnel_client_context, tunnel_server_context
 from tunnel.mux import SessionConfig
 from tunnel.mux.errors import MuxError
@@ -36,11 +36,6 @@ from tunnel.runtime.pki import PeerRole, parse_peer_name
 log = logging.getLogger("geoedge.tunnel")
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-class TunnelHandshakeError(ConnectionError):
-    """The connection opened but the tunnel did not come up: the peer refused us
-    (TLS alert, identity not allowed) or spoke something else."""
 
 
 #: A DNS name as resolvers take it: dot-separated labels of letters, digits,

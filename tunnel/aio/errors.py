@@ -1,0 +1,65 @@
+"""What the asyncio adapters raise: one family, each with the PROTOCOL.md §9
+error code that says what happened, so a caller catches :class:`TunnelError`
+and reads ``.code`` instead of catching the core's and the socket's errors
+side by side.
+
+``TunnelError`` is a :class:`ConnectionError` (hence an :class:`OSError`): code
+that already treats a failed connection as such keeps doing so.
+"""
+
+from __future__ import annotations
+
+from tunnel.mux import ErrorCode
+
+__all__ = [
+    "NoTunnelAvailable",
+    "PeerRefused",
+    "StreamOpenError",
+    "StreamResetError",
+    "TunnelError",
+    "TunnelHandshakeError",
+]
+
+
+class TunnelError(ConnectionError):
+    """Base of the adapters' errors; ``code`` is a PROTOCOL.md §9 error code."""
+
+    code: int = ErrorCode.INTERNAL_ERROR
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class StreamResetError(TunnelError):
+    """The stream was reset; ``code`` is its wire error code."""
+
+    def __init__(self, code: int, remote: bool) -> None:
+        who = "peer" if remote else "local side"
+        super().__init__(f"stream reset by {who}: {ErrorCode.name_of(code)}", code)
+        self.remote = remote
+
+
+class StreamOpenError(TunnelError):
+    """A stream could not be opened on a connection (it is closing, at its
+    stream limit, or the metadata is too long): the core's code."""
+
+
+class NoTunnelAvailable(TunnelError):
+    """No connection of a pool can take a new stream right now."""
+
+    code = ErrorCode.REFUSED_STREAM
+
+
+class TunnelHandshakeError(TunnelError):
+    """The connection opened but the tunnel did not come up: the peer refused us
+    (TLS alert, identity not allowed) or spoke something else."""
+
+    code = ErrorCode.PROTOCOL_ERROR
+
+
+class PeerRefused(TunnelError):
+    """Raised by an authorizer: the peer is not allowed (the reason is logged)."""
+
+    code = ErrorCode.REFUSED_STREAM
