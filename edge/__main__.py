@@ -32,13 +32,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from edge.config import EdgeConfig, ListenerConfig
-from edge.listener import bind_listener
 from edge.status import EdgeStatus
 from edge.tls import CertificateStore, TlsConfigError
 from tunnel.aio.tls import TunnelTlsError
 from tunnel.aio.transport import dial_ssl_context, parse_host_port
 from tunnel.runtime.admin import AdminServer, HealthReport
 from tunnel.runtime.config import ConfigError, load_config
+from tunnel.runtime.listening import bind_listener
 from tunnel.runtime.logs import configure_logging
 from tunnel.runtime.memory import MemoryKeeper, tune_gc
 from tunnel.runtime.metrics import (
@@ -153,7 +153,7 @@ def _take_or_bind(
             log.info("listening on %s: socket %r from systemd", address, name)
             return sock
     try:
-        return bind_listener((host, port))
+        return bind_listener(host, port)
     except OSError as exc:
         raise ListenError(setting, address, exc) from None
 

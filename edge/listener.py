@@ -164,18 +164,3 @@ async def serve_proxy_listener(
         task = asyncio.create_task(handle(conn, (peer[0], peer[1])))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
-
-
-def bind_listener(address: tuple[str, int], *, backlog: int = 4096) -> socket.socket:
-    """Bind a listening socket (in the supervisor, before the workers fork)."""
-    host, port = address
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if family == socket.AF_INET6:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-    sock.bind((host, port))
-    sock.listen(backlog)
-    sock.setblocking(False)
-    return sock

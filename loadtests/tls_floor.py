@@ -43,13 +43,13 @@ from typing import Any
 import uvloop
 
 from edge.config import CertificateConfig, TlsConfig
-from edge.listener import bind_listener
 from edge.tls import CertificateStore
 from edge.tls_transport import TlsListener
 from loadtests import edge_stack
 from loadtests.bench_edge import client_prefix, preflight, prepare_process
 from loadtests.edge_stack import CLIENT_CPU, Stack, free_port, pinned, tree_cpu_seconds, wait_port
 from loadtests.handshake_client import go_client, run_handshakes
+from tunnel.runtime.listening import bind_listener
 
 RESULTS = Path(__file__).resolve().parent / "results" / "tls_floor.json"
 TARGET_RATIO = 0.85
@@ -77,7 +77,7 @@ class FixedAnswer(asyncio.Protocol):
 
 async def serve(port: int, cert: Path, key: Path) -> None:
     store = CertificateStore(TlsConfig(certificates=(CertificateConfig(cert=cert, key=key),)))
-    sock = bind_listener(("127.0.0.1", port))
+    sock = bind_listener("127.0.0.1", port)
     TlsListener(sock, store.context, FixedAnswer, handshake_timeout_s=10.0)
     await asyncio.Event().wait()
 

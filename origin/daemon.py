@@ -58,6 +58,7 @@ from origin.status import OriginStatus
 from tunnel.aio.transport import listener_ssl_context, parse_host_port
 from tunnel.runtime.admin import AdminServer, HealthReport
 from tunnel.runtime.config import ConfigError
+from tunnel.runtime.listening import bind_listener
 from tunnel.runtime.logs import AccessLog
 from tunnel.runtime.memory import MemoryKeeper, tune_gc
 from tunnel.runtime.metrics import (
@@ -71,7 +72,7 @@ from tunnel.runtime.status_window import MetricsWindow
 from tunnel.runtime.systemd import ServiceNotifier, listen_sockets, same_address
 from tunnel.runtime.workers import Supervisor, WorkerContext, listen_control
 
-__all__ = ["OriginDaemon", "bind_listener", "open_access_log"]
+__all__ = ["OriginDaemon", "open_access_log"]
 
 log = logging.getLogger("geoedge.origin")
 
@@ -84,15 +85,6 @@ def open_access_log(config: OriginConfig) -> AccessLog | None:
     if not target:
         return None
     return AccessLog(sys.stdout if target == "-" else target, edge_id=None)
-
-
-def bind_listener(address: str) -> socket.socket:
-    """The shared listening socket (SO_REUSEADDR, backlog 1024, non-blocking)."""
-    host, port = parse_host_port(address)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, backlog=1024)
-    sock.setblocking(False)
-    return sock
 
 
 class OriginDaemon:
@@ -232,7 +224,7 @@ class OriginDaemon:
         if found is not None:
             return found
         try:
-            return bind_listener(address)
+            return bind_listener(host, port)
         except OSError as exc:
             raise ListenError("[tunnel_listener] address", address, exc) from None
 

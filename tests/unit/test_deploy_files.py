@@ -29,7 +29,6 @@ from typing import Any
 import pytest
 
 from edge.config import EdgeConfig
-from edge.listener import bind_listener
 from edge.tls import CertificateStore
 from origin.config import AdminConfig as OriginAdminConfig
 from origin.config import OriginConfig
@@ -42,6 +41,7 @@ from tunnel.aio.transport import (
 )
 from tunnel.runtime import cli, pki
 from tunnel.runtime.config import config_from_mapping, load_config
+from tunnel.runtime.listening import bind_listener
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 EDGE_EXAMPLE = DEPLOY / "config" / "edge.example.toml"
