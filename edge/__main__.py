@@ -39,7 +39,7 @@ from tunnel.aio.transport import dial_ssl_context, parse_host_port
 from tunnel.runtime.admin import AdminServer, HealthReport
 from tunnel.runtime.config import ConfigError, load_config
 from tunnel.runtime.listening import bind_listener
-from tunnel.runtime.logs import configure_logging
+from tunnel.runtime.logs import add_logging_options, configure_logging, logging_choice
 from tunnel.runtime.memory import MemoryKeeper, tune_gc
 from tunnel.runtime.metrics import (
     cleanup_multiprocess,
@@ -292,13 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--user", help="with --check (as root): check as this user, e.g. the service's"
     )
-    parser.add_argument("--log-level", default="info")
-    parser.add_argument("--log-format", choices=("json", "plain"), default="json")
+    add_logging_options(parser)
     add_version_option(parser)
     args = parser.parse_args(argv)
     if args.user and not args.check:
         parser.error("--user goes with --check (the service manager picks the daemon's user)")
-    configure_logging(args.log_level, json=args.log_format == "json")
+    level, json_lines = logging_choice(args, "info", True)  # until the config is read
+    configure_logging(level, json=json_lines)
     if args.check:
         if args.user:
             return run_as(args.user, lambda: _check(args.config, os.getegid()))
@@ -309,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, PreflightError, TlsConfigError, TunnelTlsError) as exc:
         _report(args.config, exc)
         return 2
+    level, json_lines = logging_choice(args, config.edge.log_level, config.edge.log_json)
+    configure_logging(level, json=json_lines)
     notifier = ServiceNotifier()  # takes NOTIFY_SOCKET: the workers do not speak to systemd
     try:
         sockets = bind_sockets(config, listen_sockets())

@@ -14,6 +14,7 @@ from typing import Literal
 from edge.http1 import HttpLimits
 from tunnel.aio.transport import TunnelDialConfig, parse_host_port
 from tunnel.mux import SessionConfig
+from tunnel.runtime.logs import parse_level
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -39,10 +40,16 @@ class EdgeSection:
     away", to both ends, between frames) at a random moment within this window,
     so clients reconnect spread out rather than as one wave (HAProxy's
     close-spread-time). Capped at drain_timeout_s; 0: all at once."""
+    log_level: str = "info"
+    """debug, info, warning or error (``--log-level`` overrides it)."""
+    log_json: bool = True
+    """JSON lines on stderr (journald); false for a plain line at a terminal
+    (``--log-format`` overrides it)."""
 
     def __post_init__(self) -> None:
         if self.drain_websocket_window_s < 0 or self.drain_timeout_s < 0:
             raise ValueError("drain_timeout_s and drain_websocket_window_s must be >= 0")
+        parse_level(self.log_level)
 
 
 @dataclass(frozen=True, slots=True)

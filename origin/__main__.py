@@ -21,7 +21,7 @@ from origin.daemon import OriginDaemon
 from tunnel.aio.tls import TunnelTlsError
 from tunnel.aio.transport import listener_ssl_context
 from tunnel.runtime.config import ConfigError
-from tunnel.runtime.logs import configure_logging
+from tunnel.runtime.logs import add_logging_options, configure_logging, logging_choice
 from tunnel.runtime.preflight import FileCheck, ListenError, PreflightError, check_files, run_as
 from tunnel.runtime.version import add_version_option
 
@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--user", help="with --check (as root): check as this user, e.g. the service's"
     )
+    add_logging_options(parser)
     add_version_option(parser)
     return parser
 
@@ -92,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, PreflightError, TunnelTlsError) as exc:
         _report(args.config, exc)
         return 2
-    configure_logging(config.origin.log_level, json=config.origin.log_json)
+    level, json_lines = logging_choice(args, config.origin.log_level, config.origin.log_json)
+    configure_logging(level, json=json_lines)
     daemon = OriginDaemon(config, config_path=args.config)
     try:
         return uvloop.run(daemon.run())

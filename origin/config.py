@@ -21,6 +21,7 @@ from origin.hash_key import HashKey
 from tunnel.aio.transport import TunnelListenerConfig, is_host_name, parse_host_port
 from tunnel.mux import SessionConfig
 from tunnel.runtime.config import load_config
+from tunnel.runtime.logs import parse_level
 
 __all__ = [
     "AdminConfig",
@@ -63,9 +64,10 @@ class OriginSection:
     """On SIGTERM: how long in-flight streams may take to finish after GOAWAY
     before the rest are reset."""
     log_level: str = "info"
-    """debug, info, warning or error."""
+    """debug, info, warning or error (``--log-level`` overrides it)."""
     log_json: bool = True
-    """JSON lines on stderr (journald); false for a plain line at a terminal."""
+    """JSON lines on stderr (journald); false for a plain line at a terminal
+    (``--log-format`` overrides it)."""
     access_log: str = "-"
     """One JSON line per stream (request), joined to the edge's by ``request_id``:
     a file path (reopened on SIGUSR1, for logrotate), ``-`` for stdout, or ``""``
@@ -78,6 +80,7 @@ class OriginSection:
             raise ValueError("drain_timeout_s must be >= 0")
         if not self.id:
             raise ValueError("id must not be empty")
+        parse_level(self.log_level)
 
 
 @dataclass(frozen=True, slots=True)

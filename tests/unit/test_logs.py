@@ -273,3 +273,28 @@ def test_log_throttle_lets_a_burst_through_then_counts_what_it_suppressed(
     assert messages[3] == "another template 1"
     assert messages[4] == "upstream failure for 10.0.0.99 (47 similar suppressed)"
     assert len(messages) == 5
+
+
+@pytest.mark.parametrize("daemon", ["edge", "origin"])
+def test_both_daemons_take_log_options_the_same_way(daemon: str) -> None:
+    """The config's log_level/log_json, overridden by --log-level/--log-format."""
+    import argparse
+
+    from tunnel.runtime.logs import add_logging_options, logging_choice
+
+    if daemon == "edge":
+        from edge.config import EdgeSection
+
+        section: object = EdgeSection(id="e", log_level="warning", log_json=False)
+    else:
+        from origin.config import OriginSection
+
+        section = OriginSection(id="o", log_level="warning", log_json=False)
+    parser = argparse.ArgumentParser()
+    add_logging_options(parser)
+    level, json_lines = section.log_level, section.log_json  # type: ignore[attr-defined]
+    assert logging_choice(parser.parse_args([]), level, json_lines) == ("warning", False)
+    args = parser.parse_args(["--log-level", "debug", "--log-format", "json"])
+    assert logging_choice(args, level, json_lines) == ("debug", True)
+    with pytest.raises(ValueError, match="unknown log level"):
+        type(section)(id="x", log_level="loud")  # type: ignore[call-arg]

@@ -22,6 +22,7 @@ Timestamps are RFC 3339 in UTC with milliseconds (``2024-05-01T12:00:00.123Z``).
 
 from __future__ import annotations
 
+import argparse
 import json as jsonlib
 import logging
 import os
@@ -34,9 +35,11 @@ __all__ = [
     "JsonFormatter",
     "LogThrottle",
     "PlainFormatter",
+    "add_logging_options",
     "configure_logging",
     "debug_enabled",
     "log_event",
+    "logging_choice",
     "parse_level",
     "rfc3339",
 ]
@@ -83,6 +86,22 @@ def parse_level(level: str | int) -> int:
     except KeyError:
         allowed = ", ".join(repr(name) for name in _LEVELS)
         raise ValueError(f"unknown log level {level!r}; expected one of {allowed}") from None
+
+
+def add_logging_options(parser: argparse.ArgumentParser) -> None:
+    """``--log-level`` and ``--log-format``, the same on both daemons: they
+    override the config's ``log_level`` and ``log_json`` (a terminal, a test)."""
+    parser.add_argument("--log-level", help="override the config's log_level")
+    parser.add_argument(
+        "--log-format", choices=("json", "plain"), help="override the config's log_json"
+    )
+
+
+def logging_choice(args: argparse.Namespace, level: str, json: bool) -> tuple[str, bool]:
+    """(level, json): the command line's where given, else the config's."""
+    if args.log_format is not None:
+        json = args.log_format == "json"
+    return args.log_level or level, json
 
 
 class JsonFormatter(logging.Formatter):
