@@ -12,6 +12,7 @@ get (:class:`edge.services.EdgeServices`): they call it, never import it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -72,6 +73,9 @@ class EdgeWorker:
         self._sockets = sockets
         self.origins = OriginSet(config.origins, config.tunnel)
         self.connections: set[ClientConnection] = set()
+        #: Set while no client connection is open (what a drain waits for).
+        self._no_connections = asyncio.Event()
+        self._no_connections.set()
         self.draining = False
         self._servers: list[asyncio.Server] = []
         self._listeners: list[TlsListener] = []
@@ -187,9 +191,8 @@ class EdgeWorker:
         window = min(edge.drain_websocket_window_s, edge.drain_timeout_s)
         for connection in list(self.connections):
             connection.drain(random.uniform(0.0, window))
-        deadline = time.monotonic() + self.config.edge.drain_timeout_s
-        while self.connections and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._no_connections.wait(), edge.drain_timeout_s)
         for connection in list(self.connections):
             connection.close_now("drain timeout")
         await self.origins.close(drain_timeout_s=1.0)
@@ -249,6 +252,7 @@ class EdgeWorker:
 
     def connection_opened(self, connection: ClientConnection, facts: ClientFacts) -> None:
         self.connections.add(connection)
+        self._no_connections.clear()
         tally = self.tally
         if facts.tls_version is not None:
             tally.add(metrics.CONNECTIONS, "https")
@@ -262,6 +266,8 @@ class EdgeWorker:
 
     def connection_closed(self, connection: ClientConnection) -> None:
         self.connections.discard(connection)
+        if not self.connections:
+            self._no_connections.set()
 
     def wait_for_tunnel(self, waiter: object) -> bool:
         return self.origins.wait_for_tunnel(waiter)  # type: ignore[arg-type]
