@@ -8,7 +8,7 @@ Modules, each owning one thing:
 - :mod:`origin.state`, :mod:`origin.control`, :mod:`origin.health`,
   :mod:`origin.discovery`: the control plane (parent process);
 - :mod:`origin.forward`: the stream <-> backend splice (hot path);
-- :mod:`origin.server`: one worker (routing, connect with retries, drain);
+- :mod:`origin.worker`: one worker (routing, connect with retries, drain);
 - :mod:`origin.admission`: refused edges, logged and counted;
 - :mod:`origin.daemon`, :mod:`origin.__main__`: the daemon and its command line.
 """

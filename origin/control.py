@@ -6,7 +6,7 @@ It wires the pure :class:`~origin.state.ControlState` to its inputs
 the admin's drain requests, SIGHUP reloads) and calls ``publish(snapshots)``
 after every change that alters what workers should do. ``publish`` is
 :meth:`tunnel.runtime.workers.Supervisor.broadcast` in the daemon, and
-:meth:`origin.server.OriginWorker.apply_snapshots` in process.
+:meth:`origin.worker.OriginWorker.apply_snapshots` in process.
 """
 
 from __future__ import annotations

@@ -51,10 +51,10 @@ from origin.admission import TlsAudit
 from origin.config import OriginConfig, load_origin_config
 from origin.control import ControlPlane
 from origin.metrics import ControlMetrics, WorkerMetrics
-from origin.server import OriginWorker
 from origin.snapshot import PoolSnapshot, encode_snapshots
 from origin.state import UnknownBackend
 from origin.status import OriginStatus
+from origin.worker import OriginWorker
 from tunnel.aio.transport import listener_ssl_context, parse_host_port
 from tunnel.runtime.admin import AdminServer, HealthReport
 from tunnel.runtime.config import ConfigError

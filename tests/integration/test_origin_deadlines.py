@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from origin.server import stream_deadline
 from origin.snapshot import PoolSnapshot
+from origin.worker import stream_deadline
 from tests.conftest import PkiFiles, scaled
 from tests.edge_env import Stack, edge_stack
 
