@@ -76,3 +76,39 @@ def test_demo_prints_one_ready_line_serves_and_stops_cleanly() -> None:
     assert not alive, f"processes left behind: {alive}"
     assert demo.returncode == 0
     assert not Path(ca).exists(), "the throwaway CA was not removed"
+
+
+def test_a_second_signal_during_the_stop_still_stops_everything() -> None:
+    """``timeout geoedge demo`` under ``pkill``, or Ctrl-C pressed twice: a second
+    SIGTERM or SIGINT while the demo stops its processes must not interrupt
+    that, leaving Node.js backends behind with a traceback."""
+    port = free_port()
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "tunnel.runtime.cli", "demo", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        line = demo.stdout.readline().strip()  # type: ignore[union-attr]
+        assert READY.match(line), f"unexpected first line: {line!r}"
+        children = _descendants(demo.pid)
+        assert len(children) >= 6
+    finally:
+        # Back to back, as pkill -f delivers to the demo and to a `timeout`
+        # wrapper that forwards it: the second lands while the first is handled.
+        for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT):
+            if demo.poll() is None:
+                demo.send_signal(sig)
+            time.sleep(0.01)
+        _, stderr = demo.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    alive = children
+    while alive and time.monotonic() < deadline:
+        alive = {pid for pid in alive if Path(f"/proc/{pid}").exists()}
+        time.sleep(0.1)
+    assert not alive, f"processes left behind: {alive}"
+    assert "Traceback" not in stderr, stderr[-2000:]
+    assert demo.returncode == 0

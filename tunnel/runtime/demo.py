@@ -216,10 +216,19 @@ def main(argv: list[str] | None = None) -> int:
     directory = Path(tempfile.mkdtemp(prefix="geoedge-demo-"))
     demo = Demo(directory, args.port, args.backends, node_app)
 
+    stopping = False
+
     def on_signal(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+        # The first SIGTERM or SIGINT stops the demo; later ones (Ctrl-C twice,
+        # pkill reaching a `timeout` wrapper too) must not interrupt the stop,
+        # which would leave the backends behind.
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     try:
         print(demo.run(), flush=True)
         while all(proc.poll() is None for proc in demo.procs):
@@ -233,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         args.keep = True
         return 1
     finally:
+        stopping = True
         demo.stop()
         if not args.keep:
             shutil.rmtree(directory, ignore_errors=True)
