@@ -85,6 +85,7 @@ class Splice(asyncio.Protocol):
         "opened_at",
         "pool",
         "queued_s",
+        "reserved",
         "reused",
         "status",
         "stream",
@@ -109,6 +110,7 @@ class Splice(asyncio.Protocol):
         self.on_finished = on_finished
         self.connect_task: asyncio.Task[None] | None = None
         self.tag: Any = None  # the caller's (the backend this stream went to)
+        self.reserved: Any = None  # the caller's (a backend counted, not yet connected)
         self.pool = "-"  # the pool the stream was routed to
         # Monotonic times for the access log and histograms (0: not yet).
         self.opened_at = _monotonic()

@@ -308,32 +308,38 @@ class OriginWorker:
         """Serve the stream from a parked connection at once when the pool's
         choice has one; whatever may wait (a hash key read from the request, a
         connect, the queue) runs as a task. Called soon after connection_made:
-        ``splice.stream`` is set."""
+        ``splice.stream`` is set.
+
+        The choice counts against the backend's cap as it is made (a choice
+        counted only later, in the task, let two streams past a cap of one): a
+        backend chosen here without a parked connection is reserved for the
+        task (``splice.reserved``), and released by :meth:`_finished` if the
+        stream ends before the task runs."""
         if splice.finished:
             return
-        chosen = None
         if pool is not None and pool.settings.algorithm != "consistent_hash":
             chosen = pool.choose(self._clock(), b"", [])
-            if chosen is not None and self._reuse(splice, chosen):
-                return
-        splice.connect_task = self._loop.create_task(self._connect(splice, pool, chosen))
+            if chosen is not None:
+                if self._reuse(splice, chosen):
+                    return
+                chosen.active += 1
+                splice.reserved = chosen
+        splice.connect_task = self._loop.create_task(self._connect(splice, pool))
 
-    def _reuse(self, splice: Splice, backend: Backend) -> bool:
-        """Give ``splice`` a parked connection to ``backend``, if there is one."""
+    def _reuse(self, splice: Splice, backend: Backend, *, counted: bool = False) -> bool:
+        """Give ``splice`` a parked connection to ``backend``, if there is one
+        (``counted``: the stream already counts in ``backend.active``)."""
         reused = self.idle.take(backend)
         if reused is None:
             return False
-        backend.active += 1
+        if not counted:
+            backend.active += 1
         splice.reused = True
         self._started(splice, backend, reused.transport, reused, b"")  # type: ignore[arg-type]
         self.tally.inc(backend.tag.reused)
         return True
 
-    async def _connect(
-        self, splice: Splice, pool: BackendPool | None, chosen: Backend | None = None
-    ) -> None:
-        """``chosen``: the pool's first choice, already made (it had no parked
-        connection)."""
+    async def _connect(self, splice: Splice, pool: BackendPool | None) -> None:
         if pool is None:
             self._fail(splice, "-", ErrorCode.NO_BACKEND)
             return
@@ -347,7 +353,11 @@ class OriginWorker:
         queue_deadline = 0.0
         while attempt <= settings.connect_retries:
             now = self._clock()
-            backend, chosen = chosen or pool.choose(now, key, tried), None
+            backend, splice.reserved = splice.reserved, None  # counted by _begin
+            if backend is None:
+                backend = pool.choose(now, key, tried)
+                if backend is not None:
+                    backend.active += 1
             if backend is None:
                 if not tried and self._must_queue(pool, now):
                     # Every usable backend is at its cap: wait in line for a slot.
@@ -362,9 +372,8 @@ class OriginWorker:
             if attempt:
                 self.metrics.connect_retries.labels(pool.name).inc()
             attempt += 1
-            if self._reuse(splice, backend):
+            if self._reuse(splice, backend, counted=True):
                 return
-            backend.active += 1
             started = self._clock()
             try:
                 async with asyncio.timeout(settings.connect_timeout_s):
@@ -547,6 +556,10 @@ class OriginWorker:
             self._log_stream(splice, code)
         backend = splice.tag
         if backend is None:
+            reserved, splice.reserved = splice.reserved, None
+            if reserved is not None:  # ended before its connect task ran
+                reserved.active -= 1
+                self._slot_freed(reserved.tag.pool)
             return
         backend.active -= 1
         tag = backend.tag
