@@ -9,7 +9,7 @@ tunnels) and exit; SIGHUP reloads certificates and OCSP responses without
 dropping a connection, in the supervisor first (so a worker it starts later
 serves the current ones), then in the workers; SIGUSR1 reopens the access log
 (logrotate's postrotate); SIGUSR2 makes every worker log a memory report
-(:mod:`tunnel.runtime.memory`).
+(:mod:`geoedge.memory`).
 
 Exit status: 0 after a clean stop, 2 for a bad config or file (one line per
 problem, naming the file and the setting), 1 when an address cannot be bound.
@@ -34,30 +34,30 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from edge.config import EdgeConfig, ListenerConfig
 from edge.status import EdgeStatus
 from edge.tls import CertificateStore, TlsConfigError
-from tunnel.aio.tls import TunnelTlsError
-from tunnel.aio.transport import dial_ssl_context, parse_host_port
-from tunnel.runtime.admin import AdminServer, HealthReport
-from tunnel.runtime.config import ConfigError, load_config
-from tunnel.runtime.listening import bind_listener
-from tunnel.runtime.logs import add_logging_options, configure_logging, logging_choice
-from tunnel.runtime.memory import MemoryKeeper, tune_gc
-from tunnel.runtime.metrics import (
+from geoedge.admin import AdminServer, HealthReport
+from geoedge.config import ConfigError, load_config
+from geoedge.listening import bind_listener
+from geoedge.logs import add_logging_options, configure_logging, logging_choice
+from geoedge.memory import MemoryKeeper, tune_gc
+from geoedge.metrics import (
     cleanup_multiprocess,
     enable_multiprocess,
     merged_families,
     process_exited,
 )
-from tunnel.runtime.preflight import (
+from geoedge.preflight import (
     FileCheck,
     ListenError,
     PreflightError,
     check_files,
     run_as,
 )
-from tunnel.runtime.status_window import MetricsWindow
-from tunnel.runtime.systemd import ServiceNotifier, listen_sockets, same_address
-from tunnel.runtime.version import add_version_option
-from tunnel.runtime.workers import Supervisor, WorkerContext
+from geoedge.status_window import MetricsWindow
+from geoedge.systemd import ServiceNotifier, listen_sockets, same_address
+from geoedge.version import add_version_option
+from geoedge.workers import Supervisor, WorkerContext
+from tunnel.aio.tls import TunnelTlsError
+from tunnel.aio.transport import dial_ssl_context, parse_host_port
 
 log = logging.getLogger("geoedge.edge")
 
@@ -97,7 +97,7 @@ def edge_files(config: EdgeConfig) -> list[FileCheck]:
 def preflight(path: str, *, service_gid: int | None) -> tuple[EdgeConfig, CertificateStore]:
     """Load the config, open every file, build the TLS contexts: what ``--check``
     does and what start-up does before it binds anything (``service_gid``: see
-    :func:`~tunnel.runtime.preflight.key_mode_problem`). Raises
+    :func:`~geoedge.preflight.key_mode_problem`). Raises
     :class:`ConfigError`, :class:`PreflightError`, :class:`TlsConfigError` or
     :class:`TunnelTlsError`, each naming the file or the setting."""
     config = load_config(path, EdgeConfig)

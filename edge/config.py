@@ -1,5 +1,5 @@
 """The edge's configuration (``edge.toml``): frozen typed data, one docstring per
-field, units in the names. Loaded by :func:`tunnel.runtime.config.load_config`,
+field, units in the names. Loaded by :func:`geoedge.config.load_config`,
 which rejects unknown keys naming the key and the file.
 """
 
@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Literal
 
 from edge.http1 import HttpLimits
+from geoedge.logs import parse_level
 from tunnel.aio.transport import TunnelDialConfig, parse_host_port
 from tunnel.mux import SessionConfig
-from tunnel.runtime.logs import parse_level
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 

@@ -57,7 +57,7 @@ from edge.ledger import OutputLedger
 from edge.services import ClientFacts, EdgeServices
 from edge.stream_metadata import connection_metadata, peer_address
 from edge.ws_frames import CLOSE_GOING_AWAY
-from tunnel.runtime.logs import LogThrottle
+from geoedge.logs import LogThrottle
 
 __all__ = ["Http1Connection"]
 

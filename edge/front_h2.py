@@ -66,7 +66,7 @@ from edge.ledger import OutputLedger
 from edge.services import ClientFacts, EdgeServices
 from edge.stream_metadata import connection_metadata, peer_address
 from edge.ws_frames import CLOSE_GOING_AWAY
-from tunnel.runtime.logs import LogThrottle
+from geoedge.logs import LogThrottle
 
 __all__ = ["Http2Connection"]
 
@@ -95,7 +95,7 @@ _ENHANCE_YOUR_CALM = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
 def _release_h2(conn: h2.connection.H2Connection) -> None:
     """Break the reference cycle every ``H2Connection`` is: its frame handlers
     are its own bound methods, kept in a dict it owns. The daemons almost never
-    run a full collection (:mod:`tunnel.runtime.memory`), so without this each
+    run a full collection (:mod:`geoedge.memory`), so without this each
     closed connection, its streams and HPACK tables would live until restart
     (~100 objects per connection, found by ``tests/integration/test_memory.py``).
     Only the receive path uses the table, and a lost connection receives nothing."""

@@ -31,7 +31,7 @@ from edge.tls_transport import (
     SEND_TIMEOUT_S,
     TlsServerTransport,
 )
-from tunnel.codecs.proxy import ProxyHeaderParser, ProxyProtocolError, looks_like_proxy_header
+from geoedge.proxy import ProxyHeaderParser, ProxyProtocolError, looks_like_proxy_header
 
 log = logging.getLogger("geoedge.edge")
 

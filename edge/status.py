@@ -1,4 +1,4 @@
-"""The edge's status page (:mod:`tunnel.runtime.status_page`), from its merged metrics.
+"""The edge's status page (:mod:`geoedge.status_page`), from its merged metrics.
 
 It answers "which hop got slower" for this edge over the last minute: the
 clients' TLS handshakes (their last mile), each origin's tunnel RTT and time
@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from edge.config import EdgeConfig
-from tunnel.runtime.status_page import Cell, Row, StatusPage, Table, cell
-from tunnel.runtime.status_window import MetricsWindow, workers_table
-from tunnel.runtime.workers import SupervisorStatistics
+from geoedge.status_page import Cell, Row, StatusPage, Table, cell
+from geoedge.status_window import MetricsWindow, workers_table
+from geoedge.workers import SupervisorStatistics
 
 __all__ = ["EdgeStatus"]
 

@@ -34,9 +34,9 @@ from edge.origins import OriginSet
 from edge.services import ClientConnection, ClientFacts
 from edge.tls import CertificateStore
 from edge.tls_transport import TlsListener
+from geoedge.logs import AccessLog, LogThrottle
+from geoedge.metrics import ProcessMetrics, Tally
 from tunnel.aio.stream import TunnelStream
-from tunnel.runtime.logs import AccessLog, LogThrottle
-from tunnel.runtime.metrics import ProcessMetrics, Tally
 
 log = logging.getLogger("geoedge.edge")
 throttled = LogThrottle(log)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import uvloop
 
+from geoedge import pki
 from tunnel.aio.connection import TunnelConnection
 from tunnel.aio.stream import TunnelStream
 from tunnel.aio.transport import (
@@ -36,7 +37,6 @@ from tunnel.aio.transport import (
     serve_tunnel,
 )
 from tunnel.mux import SessionConfig, StreamMetadata
-from tunnel.runtime import pki
 
 RESULTS = Path(__file__).parent / "results" / "tunnel.json"
 SMALL = 1024

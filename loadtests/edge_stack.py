@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tunnel.runtime import pki
+from geoedge import pki
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_APP = ROOT / "deploy" / "node-app" / "server.js"

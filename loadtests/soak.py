@@ -12,7 +12,7 @@ and the edge, one worker each. The soak runs *cycles*; each one
    client vanishes with a reset instead of a close handshake);
 3. waits until the edge has no connection and the origin no stream open, then
    ``--idle-s`` more (longer than the workers' 30 s heap trim interval,
-   :mod:`tunnel.runtime.memory`), and takes the cycle's *idle* figures.
+   :mod:`geoedge.memory`), and takes the cycle's *idle* figures.
 
 Every ``--sample-s`` a sampler records each worker's RSS and open descriptors
 (``/proc``), asyncio tasks and open connections (admin ``/metrics``). At the end,

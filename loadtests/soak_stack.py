@@ -4,7 +4,7 @@ worker each, JSON logs), started as child processes and stopped by PID.
 Not pinned to a CPU (the soak measures memory, not speed). What is sampled of
 them: each daemon's worker process (RSS and open descriptors from ``/proc``,
 asyncio tasks and open connections from its admin ``/metrics``), and on request
-the memory report its worker logs on ``SIGUSR2`` (:mod:`tunnel.runtime.memory`).
+the memory report its worker logs on ``SIGUSR2`` (:mod:`geoedge.memory`).
 """
 
 from __future__ import annotations

@@ -45,11 +45,11 @@ import uvloop
 from edge.config import CertificateConfig, TlsConfig
 from edge.tls import CertificateStore
 from edge.tls_transport import TlsListener
+from geoedge.listening import bind_listener
 from loadtests import edge_stack
 from loadtests.bench_edge import client_prefix, preflight, prepare_process
 from loadtests.edge_stack import CLIENT_CPU, Stack, free_port, pinned, tree_cpu_seconds, wait_port
 from loadtests.handshake_client import go_client, run_handshakes
-from tunnel.runtime.listening import bind_listener
 
 RESULTS = Path(__file__).resolve().parent / "results" / "tls_floor.json"
 TARGET_RATIO = 0.85

@@ -16,14 +16,14 @@ from collections.abc import Sequence
 
 import uvloop
 
+from geoedge.config import ConfigError
+from geoedge.logs import add_logging_options, configure_logging, logging_choice
+from geoedge.preflight import FileCheck, ListenError, PreflightError, check_files, run_as
+from geoedge.version import add_version_option
 from origin.config import OriginConfig, load_origin_config
 from origin.daemon import OriginDaemon
 from tunnel.aio.tls import TunnelTlsError
 from tunnel.aio.transport import listener_ssl_context
-from tunnel.runtime.config import ConfigError
-from tunnel.runtime.logs import add_logging_options, configure_logging, logging_choice
-from tunnel.runtime.preflight import FileCheck, ListenError, PreflightError, check_files, run_as
-from tunnel.runtime.version import add_version_option
 
 __all__ = ["main"]
 
@@ -68,7 +68,7 @@ def origin_files(config: OriginConfig) -> list[FileCheck]:
 def preflight(path: str, *, service_gid: int | None) -> OriginConfig:
     """Load the config, open every file it names, build the tunnel's TLS context:
     what ``--check`` does and what start-up does first (``service_gid``: see
-    :func:`~tunnel.runtime.preflight.key_mode_problem`)."""
+    :func:`~geoedge.preflight.key_mode_problem`)."""
     config = load_origin_config(path)
     check_files(origin_files(config), service_gid=service_gid)
     try:

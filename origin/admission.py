@@ -25,7 +25,7 @@ import logging
 import ssl
 from collections.abc import Callable
 
-from tunnel.runtime.logs import log_event
+from geoedge.logs import log_event
 
 __all__ = ["TlsAudit", "refusal_reason"]
 

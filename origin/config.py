@@ -2,7 +2,7 @@
 
 One table per component, units in the names, defaults written here and nowhere
 else (``deploy/config/origin.example.toml`` is checked against this schema by a
-unit test). Loading goes through :func:`tunnel.runtime.config.load_config`, so
+unit test). Loading goes through :func:`geoedge.config.load_config`, so
 every wrong key is reported as ``origin.toml: [pools[0].health] rise: ...``.
 
 Cross-field rules that one table cannot check on its own (pool names unique, at
@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from geoedge.config import load_config
+from geoedge.logs import parse_level
 from origin.hash_key import HashKey
 from tunnel.aio.transport import TunnelListenerConfig, is_host_name, parse_host_port
 from tunnel.mux import SessionConfig
-from tunnel.runtime.config import load_config
-from tunnel.runtime.logs import parse_level
 
 __all__ = [
     "AdminConfig",
@@ -300,5 +300,5 @@ class OriginConfig:
 
 
 def load_origin_config(path: str | Path) -> OriginConfig:
-    """Read and validate ``origin.toml``; raises :class:`~tunnel.runtime.config.ConfigError`."""
+    """Read and validate ``origin.toml``; raises :class:`~geoedge.config.ConfigError`."""
     return load_config(path, OriginConfig)

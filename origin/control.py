@@ -5,7 +5,7 @@ It wires the pure :class:`~origin.state.ControlState` to its inputs
 (:class:`~origin.discovery.DnsWatcher`, :class:`~origin.health.HealthChecker`,
 the admin's drain requests, SIGHUP reloads) and calls ``publish(snapshots)``
 after every change that alters what workers should do. ``publish`` is
-:meth:`tunnel.runtime.workers.Supervisor.broadcast` in the daemon, and
+:meth:`geoedge.workers.Supervisor.broadcast` in the daemon, and
 :meth:`origin.worker.OriginWorker.apply_snapshots` in process.
 """
 
@@ -15,13 +15,13 @@ import logging
 import time
 from collections.abc import Callable
 
+from geoedge.logs import log_event
 from origin.config import OriginConfig
 from origin.discovery import DnsWatcher
 from origin.health import HealthChecker
 from origin.metrics import ControlMetrics
 from origin.snapshot import PoolSnapshot
 from origin.state import ControlState, Member
-from tunnel.runtime.logs import log_event
 
 __all__ = ["ControlPlane"]
 

@@ -10,7 +10,7 @@ Start-up, in this order (the order is the point):
 
 Parent <-> workers: the parent publishes pool snapshots (membership, health,
 drains, pool settings) on each worker's control pipe
-(:meth:`~tunnel.runtime.workers.Supervisor.broadcast`, JSON lines). Drains go
+(:meth:`~geoedge.workers.Supervisor.broadcast`, JSON lines). Drains go
 this way too: ``POST /backends/<pool>/<host:port>/drain`` on the admin changes
 the control state, which publishes a new snapshot; a worker forked later gets
 the drain in its starting snapshot.
@@ -47,6 +47,21 @@ import uvloop
 from aiohttp import web
 from prometheus_client.metrics_core import Metric
 
+from geoedge.admin import AdminServer, HealthReport
+from geoedge.config import ConfigError
+from geoedge.listening import bind_listener
+from geoedge.logs import AccessLog
+from geoedge.memory import MemoryKeeper, tune_gc
+from geoedge.metrics import (
+    cleanup_multiprocess,
+    enable_multiprocess,
+    merged_families,
+    process_exited,
+)
+from geoedge.preflight import ListenError
+from geoedge.status_window import MetricsWindow
+from geoedge.systemd import ServiceNotifier, listen_sockets, same_address
+from geoedge.workers import Supervisor, WorkerContext, listen_control
 from origin.admission import TlsAudit
 from origin.config import OriginConfig, load_origin_config
 from origin.control import ControlPlane
@@ -56,21 +71,6 @@ from origin.state import UnknownBackend
 from origin.status import OriginStatus
 from origin.worker import OriginWorker
 from tunnel.aio.transport import listener_ssl_context, parse_host_port
-from tunnel.runtime.admin import AdminServer, HealthReport
-from tunnel.runtime.config import ConfigError
-from tunnel.runtime.listening import bind_listener
-from tunnel.runtime.logs import AccessLog
-from tunnel.runtime.memory import MemoryKeeper, tune_gc
-from tunnel.runtime.metrics import (
-    cleanup_multiprocess,
-    enable_multiprocess,
-    merged_families,
-    process_exited,
-)
-from tunnel.runtime.preflight import ListenError
-from tunnel.runtime.status_window import MetricsWindow
-from tunnel.runtime.systemd import ServiceNotifier, listen_sockets, same_address
-from tunnel.runtime.workers import Supervisor, WorkerContext, listen_control
 
 __all__ = ["OriginDaemon", "open_access_log"]
 

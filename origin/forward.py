@@ -44,9 +44,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from geoedge.proxy import TlvType, encode_ssl_tlv, encode_v1, encode_v2
 from tunnel.aio.errors import TunnelError
 from tunnel.aio.stream import TunnelStream
-from tunnel.codecs.proxy import TlvType, encode_ssl_tlv, encode_v1, encode_v2
 from tunnel.mux import ErrorCode, StreamMetadata
 
 __all__ = ["BackendProtocol", "Splice", "proxy_preamble"]

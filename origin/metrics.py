@@ -1,14 +1,14 @@
 """The origin's Prometheus series, declared once (names are ``geoedge_origin_*``).
 
 Workers own the per-stream series, the parent owns health and worker counts;
-in multiprocess mode the admin merges them (:mod:`tunnel.runtime.metrics`).
+in multiprocess mode the admin merges them (:mod:`geoedge.metrics`).
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from tunnel.runtime.metrics import MetricSet
+from geoedge.metrics import MetricSet
 
 __all__ = ["ControlMetrics", "WorkerMetrics"]
 

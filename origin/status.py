@@ -1,4 +1,4 @@
-"""The origin's status page (:mod:`tunnel.runtime.status_page`): the edges whose
+"""The origin's status page (:mod:`geoedge.status_page`): the edges whose
 tunnels it serves, and its pools and backends with their state, load and the
 last minute's latency, with the drain and undrain buttons.
 
@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from geoedge.status_page import Action, Cell, Row, StatusPage, Table, cell
+from geoedge.status_window import MetricsWindow, workers_table
 from origin.control import ControlPlane
-from tunnel.runtime.status_page import Action, Cell, Row, StatusPage, Table, cell
-from tunnel.runtime.status_window import MetricsWindow, workers_table
 
 __all__ = ["OriginStatus"]
 

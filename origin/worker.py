@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from geoedge.logs import AccessLog, LogThrottle, debug_enabled, log_event
+from geoedge.metrics import ProcessMetrics, Tally
 from origin.admission import TlsAudit, refusal_reason
 from origin.balancer import (
     Backend,
@@ -54,8 +56,6 @@ from tunnel.aio.errors import PeerRefused, TunnelError
 from tunnel.aio.stream import TunnelStream
 from tunnel.aio.transport import serve_tunnel
 from tunnel.mux import ErrorCode
-from tunnel.runtime.logs import AccessLog, LogThrottle, debug_enabled, log_event
-from tunnel.runtime.metrics import ProcessMetrics, Tally
 
 __all__ = ["OriginWorker", "WorkerStatistics"]
 
@@ -251,7 +251,7 @@ class OriginWorker:
     # -- control -----------------------------------------------------------------------
 
     def on_control(self, message: dict[str, Any]) -> None:
-        """A message from the parent (:func:`tunnel.runtime.workers.listen_control`)."""
+        """A message from the parent (:func:`geoedge.workers.listen_control`)."""
         if message.get("op") == "pools":
             self.apply_snapshots(decode_snapshots(message["pools"]))
         else:

@@ -13,7 +13,7 @@ from typing import TypeVar
 import pytest
 import uvloop
 
-from tunnel.runtime import pki
+from geoedge import pki
 
 T = TypeVar("T")
 TIMEOUT_SCALE = float(os.environ.get("GEOEDGE_TEST_TIMEOUT_SCALE", "1"))

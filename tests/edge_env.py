@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from geoedge.pki import CertPaths
 from tests.conftest import PkiFiles
 from tests.tunnel_env import free_port
-from tunnel.runtime.pki import CertPaths
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_APP = ROOT / "deploy" / "node-app" / "server.js"

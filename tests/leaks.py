@@ -1,7 +1,7 @@
 """Checks that objects are freed by reference counting alone.
 
 The daemons tune the cyclic collector so that full collections almost never run
-(:mod:`tunnel.runtime.memory`): an object graph that is a reference cycle lives
+(:mod:`geoedge.memory`): an object graph that is a reference cycle lives
 until restart. These helpers turn the collector off, so that anything still
 alive after its connection closed is in a cycle (or still referenced).
 """

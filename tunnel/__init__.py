@@ -1,10 +1,10 @@
 """geoedge's tunnel: the wire protocol, its sans-I/O core and its asyncio adapters.
 
-Layers (each imports only the ones above it):
+Layers (each imports only the ones above it; none imports ``geoedge``, ``edge``
+or ``origin``, tests/unit/test_import_graph.py):
 
-- :mod:`tunnel.mux`     sans-I/O multiplexer (PROTOCOL.md made executable)
-- :mod:`tunnel.codecs`  other pure codecs shared by both daemons (PROXY protocol)
-- :mod:`tunnel.aio`     thin asyncio adapters, transports, dialing, pooling
-- :mod:`tunnel.runtime` what both daemons share: config loading, logs, metrics,
-  workers, the ``geoedge`` command
+- :mod:`tunnel.mux`       sans-I/O multiplexer (PROTOCOL.md made executable)
+- :mod:`tunnel.policy`    pure decisions of the adapters (backoff, which connection)
+- :mod:`tunnel.peer_name` who a tunnel peer certificate says it is
+- :mod:`tunnel.aio`       thin asyncio adapters, transports, dialing, pooling
 """

@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from edge.config import MOZILLA_INTERMEDIATE_CIPHERS
+from geoedge import pki
 from loadtests.wan import report
 from loadtests.wan.emulator import WanEmulator
 from loadtests.wan.scenarios import (
@@ -44,7 +45,6 @@ from loadtests.wan.scenarios import (
     haproxy_cfg,
     origin_toml,
 )
-from tunnel.runtime import pki
 
 __all__ = ["Stack", "StackError"]
 

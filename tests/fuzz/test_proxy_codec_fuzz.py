@@ -15,7 +15,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tunnel.codecs.proxy import (
+from geoedge.proxy import (
     V2_SIGNATURE,
     ProxyCommand,
     ProxyErrorReason,

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 
+from geoedge.config_render import config_to_toml
 from origin.config import (
     AdminConfig,
     BackendConfig,
@@ -35,7 +36,6 @@ from tests.conftest import PkiFiles, scaled
 from tests.tunnel_env import free_port, listener_config, open_io
 from tunnel.aio.connection import TunnelConnection
 from tunnel.mux import SessionConfig
-from tunnel.runtime.config_render import config_to_toml
 
 ROOT = Path(__file__).resolve().parents[2]
 APP_DIR = ROOT / "deploy" / "node-app"

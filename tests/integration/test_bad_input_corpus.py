@@ -35,11 +35,11 @@ from pathlib import Path
 
 import pytest
 
+from geoedge.proxy import encode_v1, encode_v2, encode_v2_local
 from tests.conftest import PkiFiles, scaled
 from tests.edge_env import Stack, edge_stack, node_available
 from tests.recording_backend import RecordingBackend
 from tests.tunnel_env import free_port
-from tunnel.codecs.proxy import encode_v1, encode_v2, encode_v2_local
 
 pytestmark = pytest.mark.skipif(not node_available(), reason="npm ci the sample app first")
 

@@ -42,7 +42,7 @@ def _descendants(pid: int) -> set[int]:
 def test_demo_prints_one_ready_line_serves_and_stops_cleanly() -> None:
     port = free_port()
     demo = subprocess.Popen(
-        [sys.executable, "-m", "tunnel.runtime.cli", "demo", "--port", str(port)],
+        [sys.executable, "-m", "geoedge.cli", "demo", "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -84,7 +84,7 @@ def test_a_second_signal_during_the_stop_still_stops_everything() -> None:
     that, leaving Node.js backends behind with a traceback."""
     port = free_port()
     demo = subprocess.Popen(
-        [sys.executable, "-m", "tunnel.runtime.cli", "demo", "--port", str(port)],
+        [sys.executable, "-m", "geoedge.cli", "demo", "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -19,10 +19,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 
+from geoedge import pki
+from geoedge.proxy import encode_v2
 from tests.conftest import PkiFiles
 from tests.edge_env import Stack, edge_stack, node_available
-from tunnel.codecs.proxy import encode_v2
-from tunnel.runtime import pki
 
 pytestmark = pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed")
 

@@ -21,9 +21,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509 import ocsp
 
+from geoedge import pki
 from tests.conftest import PkiFiles
 from tests.edge_env import Stack, edge_stack, node_available
-from tunnel.runtime import pki
 
 pytestmark = pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed")
 

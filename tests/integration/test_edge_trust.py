@@ -18,10 +18,10 @@ from collections.abc import Iterator
 import pytest
 
 from edge.config import ListenerConfig
+from geoedge.proxy import encode_v2
 from tests.conftest import PkiFiles
 from tests.edge_env import Stack, edge_stack, node_available
 from tests.tunnel_env import free_port
-from tunnel.codecs.proxy import encode_v2
 
 pytestmark = pytest.mark.skipif(not node_available(), reason="npm ci the sample app first")
 

@@ -1,5 +1,5 @@
 """Every per-connection object is freed by reference counting when its connection
-closes: no reference cycles on the hot path (:mod:`tunnel.runtime.memory`).
+closes: no reference cycles on the hot path (:mod:`geoedge.memory`).
 
 - the edge's TLS transport with a protocol that keeps it (every way a
   connection can end), and the origin's splices and backend protocols (every

@@ -73,8 +73,8 @@ def declared_names() -> set[str]:
     from prometheus_client import REGISTRY, CollectorRegistry
 
     import edge.metrics  # noqa: F401 - declares the edge's series in REGISTRY
+    from geoedge.metrics import ProcessMetrics
     from origin.metrics import ControlMetrics, WorkerMetrics
-    from tunnel.runtime.metrics import ProcessMetrics
 
     ProcessMetrics("test")
     names = set()

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
+from geoedge import pki
 from tests.conftest import PkiFiles, scaled
 from tests.edge_env import (
     ROOT,
@@ -34,7 +35,6 @@ from tests.edge_env import (
     write_origin_config,
 )
 from tests.tunnel_env import free_port
-from tunnel.runtime import pki
 
 pytestmark = pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed")
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from geoedge.proxy import ProxyHeaderParser, TlvType
 from origin.forward import proxy_preamble
 from tests.conftest import PkiFiles, run_async
 from tests.integration.origin_harness import (
@@ -19,7 +20,6 @@ from tests.integration.origin_harness import (
     pool,
 )
 from tests.tunnel_env import connect, dial_config
-from tunnel.codecs.proxy import ProxyHeaderParser, TlvType
 from tunnel.mux import StreamMetadata
 
 pytestmark = needs_node

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from geoedge.config_render import config_to_toml
 from tests.conftest import PkiFiles, run_async
 from tests.integration.origin_harness import (
     http_get,
@@ -31,7 +32,6 @@ from tests.tunnel_env import connect, dial_config
 from tunnel.aio.connection import TunnelConnection
 from tunnel.aio.errors import StreamResetError
 from tunnel.policy import choose_connection
-from tunnel.runtime.config_render import config_to_toml
 
 pytestmark = needs_node
 

@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tunnel.codecs.proxy import (
+from geoedge.proxy import (
     ProxyCommand,
     ProxyFamily,
     ProxyHeader,

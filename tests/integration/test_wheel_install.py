@@ -36,7 +36,7 @@ from tests.tunnel_env import free_port
 pytestmark = pytest.mark.slow
 
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-#: What the wheel must carry under tunnel/runtime/deploy/ (relative to deploy/).
+#: What the wheel must carry under geoedge/deploy/ (relative to deploy/).
 SHIPPED = [
     "README.md",
     "config/edge.example.toml",
@@ -125,7 +125,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
 
 def test_wheel_carries_the_deployment_files_and_no_node_modules(installed: Installed) -> None:
     names = zipfile.ZipFile(installed.wheel).namelist()
-    packaged = "tunnel/runtime/deploy/"
+    packaged = "geoedge/deploy/"
     for name in SHIPPED:
         assert packaged + name in names, name
     assert not [n for n in names if "node_modules" in n or "__pycache__" in n]

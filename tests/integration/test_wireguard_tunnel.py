@@ -42,8 +42,8 @@ from pathlib import Path
 
 import pytest
 
+from geoedge import pki
 from tests.edge_env import ROOT, node_available
-from tunnel.runtime import pki
 
 pytestmark = pytest.mark.slow
 
@@ -220,7 +220,7 @@ def _build_network(net: WireguardNet) -> None:
 def _mesh(net: WireguardNet) -> tuple[str, str]:
     """``geoedge wireguard mesh``: wg-quick files and the two TOML snippets."""
     result = _run(
-        sys.executable, "-m", "tunnel.runtime.cli", "wireguard", "mesh",
+        sys.executable, "-m", "geoedge.cli", "wireguard", "mesh",
         "--origin-endpoint", f"{UNDERLAY['origin-edge']}:{WG_PORT}",
         "--origin-ip", ORIGIN_WG, "--edge", f"e1={EDGE_WG}",
         "--tunnel-port", str(TUNNEL_PORT), "--out", str(net.dir / "wg"),

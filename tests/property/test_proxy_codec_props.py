@@ -8,7 +8,7 @@ import ipaddress
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tunnel.codecs.proxy import (
+from geoedge.proxy import (
     V2_SIGNATURE,
     ProxyCommand,
     ProxyFamily,

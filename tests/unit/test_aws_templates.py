@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 
 from edge.config import EdgeConfig
+from geoedge import cli
+from geoedge.config import load_config
 from tests.unit.test_deploy_files import (
     DEPLOY,
     EDGE_UNIT,
@@ -26,8 +28,6 @@ from tests.unit.test_deploy_files import (
     USER_DATA_LIMIT_BYTES,
     parse_unit,
 )
-from tunnel.runtime import cli
-from tunnel.runtime.config import load_config
 
 yaml = pytest.importorskip("yaml")
 

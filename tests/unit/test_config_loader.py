@@ -16,14 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tunnel.mux.settings import SessionConfig
-from tunnel.runtime.config import (
+from geoedge.config import (
     ConfigError,
     config_from_mapping,
     field_docs,
     load_config,
 )
-from tunnel.runtime.config_render import config_to_toml
+from geoedge.config_render import config_to_toml
+from tunnel.mux.settings import SessionConfig
 
 Net = ipaddress.IPv4Network | ipaddress.IPv6Network
 

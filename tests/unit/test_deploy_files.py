@@ -30,6 +30,9 @@ import pytest
 
 from edge.config import EdgeConfig
 from edge.tls import CertificateStore
+from geoedge import cli, pki
+from geoedge.config import config_from_mapping, load_config
+from geoedge.listening import bind_listener
 from origin.config import AdminConfig as OriginAdminConfig
 from origin.config import OriginConfig
 from tunnel.aio.connection import NOTSENT_LOWAT_BYTES
@@ -39,9 +42,6 @@ from tunnel.aio.transport import (
     dial_ssl_context,
     parse_host_port,
 )
-from tunnel.runtime import cli, pki
-from tunnel.runtime.config import config_from_mapping, load_config
-from tunnel.runtime.listening import bind_listener
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 EDGE_EXAMPLE = DEPLOY / "config" / "edge.example.toml"

@@ -17,9 +17,9 @@ from edge.config import CertificateConfig, EdgeConfig, TlsConfig
 from edge.http1 import error_response, with_field
 from edge.ocsp import OcspError, StapleTable, leaf_der, load_staple
 from edge.tls import CertificateStore, TlsConfigError, _handshake_in_memory
+from geoedge import pki
+from geoedge.config import ConfigError, load_config
 from tests.conftest import PkiFiles
-from tunnel.runtime import pki
-from tunnel.runtime.config import ConfigError, load_config
 
 
 def tls(test_pki: PkiFiles, **settings: object) -> TlsConfig:

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from edge.config import EdgeConfig
+from geoedge import cli, host_init
+from geoedge.config import config_from_mapping, field_docs, load_config
 from origin.config import OriginConfig
 from tests.unit.test_deploy_files import (
     DEPLOY,
@@ -21,8 +23,6 @@ from tests.unit.test_deploy_files import (
     _schema_keys,
     parse_unit,
 )
-from tunnel.runtime import cli, host_init
-from tunnel.runtime.config import config_from_mapping, field_docs, load_config
 
 yaml = pytest.importorskip("yaml")
 

@@ -1,6 +1,7 @@
-"""The import graph of edge/, origin/ and tunnel/: no circles (each is a file
-split by size rather than by concern), and no arrow from tunnel/ into the
-daemons. Every import counts, including the lazy ones inside functions and
+"""The import graph of geoedge/, edge/, origin/ and tunnel/: no circles (each is
+a file split by size rather than by concern), no arrow from tunnel/ into the
+shared package or the daemons, none between the two daemons, and none from the
+shared package into a daemon. Every import counts, including the lazy ones inside functions and
 those under TYPE_CHECKING: a circle hidden from the interpreter is still one
 for the reader."""
 
@@ -10,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("edge", "origin", "tunnel")
+PACKAGES = ("geoedge", "edge", "origin", "tunnel")
 
 
 def modules() -> dict[str, Path]:
@@ -93,13 +94,32 @@ def test_no_import_circles() -> None:
     assert circles(import_graph()) == []
 
 
-def test_tunnel_imports_neither_daemon() -> None:
-    graph = import_graph()
-    arrows = sorted(
-        f"{source} -> {target}"
-        for source, targets in graph.items()
-        if source.startswith("tunnel")
-        for target in targets
-        if target.split(".")[0] in ("edge", "origin")
+def arrows(graph: dict[str, set[str]], source: str, targets: tuple[str, ...]) -> list[str]:
+    """Every import from package ``source`` into one of the packages ``targets``."""
+    return sorted(
+        f"{name} -> {target}"
+        for name, imported in graph.items()
+        if name.split(".")[0] == source
+        for target in imported
+        if target.split(".")[0] in targets
     )
-    assert arrows == []
+
+
+def test_tunnel_imports_neither_the_shared_package_nor_a_daemon() -> None:
+    assert arrows(import_graph(), "tunnel", ("geoedge", "edge", "origin")) == []
+
+
+def test_the_shared_package_imports_no_daemon() -> None:
+    assert arrows(import_graph(), "geoedge", ("edge", "origin")) == []
+
+
+def test_the_daemons_do_not_import_each_other() -> None:
+    graph = import_graph()
+    assert arrows(graph, "edge", ("origin",)) == []
+    assert arrows(graph, "origin", ("edge",)) == []
+
+
+def test_the_arrow_finder_sees_a_daemon_import() -> None:
+    graph = {"tunnel.aio.x": {"geoedge.pki"}, "edge.a": {"origin.b", "tunnel.mux"}}
+    assert arrows(graph, "tunnel", ("geoedge",)) == ["tunnel.aio.x -> geoedge.pki"]
+    assert arrows(graph, "edge", ("origin",)) == ["edge.a -> origin.b"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnel.runtime.logs import (
+from geoedge.logs import (
     AccessLog,
     LogThrottle,
     configure_logging,
@@ -280,7 +280,7 @@ def test_both_daemons_take_log_options_the_same_way(daemon: str) -> None:
     """The config's log_level/log_json, overridden by --log-level/--log-format."""
     import argparse
 
-    from tunnel.runtime.logs import add_logging_options, logging_choice
+    from geoedge.logs import add_logging_options, logging_choice
 
     if daemon == "edge":
         from edge.config import EdgeSection

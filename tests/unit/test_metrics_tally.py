@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from tunnel.runtime.metrics import Tally
+from geoedge.metrics import Tally
 
 BUCKETS = (0.001, 0.01, 0.1, 1.0)
 SECONDS = [0.0005, 0.001, 0.002, 0.05, 0.05, 0.5, 3.0]

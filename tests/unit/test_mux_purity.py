@@ -32,7 +32,7 @@ FORBIDDEN = {
     "origin",
 }
 #: Packages inside ``tunnel`` it may never import: only the mux itself is below it.
-FORBIDDEN_TUNNEL = {"tunnel.aio", "tunnel.runtime", "tunnel.codecs", "tunnel.policy"}
+FORBIDDEN_TUNNEL = {"tunnel.aio", "geoedge", "tunnel.peer_name", "tunnel.policy"}
 
 
 def _imports(path: Path) -> list[str]:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from geoedge import pki
+from geoedge.config import ConfigError, config_from_mapping
+from geoedge.config_render import config_to_toml
 from origin.__main__ import main
 from origin.config import OriginConfig, load_origin_config, normalize_host
-from tunnel.runtime import pki
-from tunnel.runtime.config import ConfigError, config_from_mapping
-from tunnel.runtime.config_render import config_to_toml
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "config" / "origin.example.toml"

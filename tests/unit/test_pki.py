@@ -1,4 +1,4 @@
-"""The private CA: certificates issued by tunnel.runtime.pki in real TLS handshakes.
+"""The private CA: certificates issued by geoedge.pki in real TLS handshakes.
 
 Every handshake runs Python's ssl on both ends of a ``socket.socketpair()``
 (server in a thread, bounded by socket timeouts and a join timeout).
@@ -19,7 +19,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from tunnel.runtime import cli, pki
+from geoedge import cli, pki
 
 IO_TIMEOUT_S = 5.0
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from geoedge.config import ConfigError, load_config
 from origin.config import OriginConfig
 from tunnel.aio.transport import plaintext_exposure
-from tunnel.runtime.config import ConfigError, load_config
 
 ORIGIN = """
 [tunnel_listener]

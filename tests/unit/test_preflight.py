@@ -1,4 +1,4 @@
-"""Operator errors found before serving (tunnel.runtime.preflight and the host
+"""Operator errors found before serving (geoedge.preflight and the host
 check of every address setting): each names the file or the key."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from origin.config import OriginConfig
-from tunnel.aio.transport import parse_host_port
-from tunnel.runtime.config import ConfigError, config_from_mapping, load_config
-from tunnel.runtime.preflight import (
+from geoedge.config import ConfigError, config_from_mapping, load_config
+from geoedge.preflight import (
     FileCheck,
     ListenError,
     PreflightError,
     check_files,
     key_mode_problem,
 )
+from origin.config import OriginConfig
+from tunnel.aio.transport import parse_host_port
 
 
 def fake_stat(mode: int, gid: int) -> os.stat_result:

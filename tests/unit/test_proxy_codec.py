@@ -7,7 +7,7 @@ import ipaddress
 
 import pytest
 
-from tunnel.codecs.proxy import (
+from geoedge.proxy import (
     V1_MAX_LINE_BYTES,
     V2_SIGNATURE,
     ProxyCommand,

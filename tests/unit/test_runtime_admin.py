@@ -6,9 +6,9 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
+from geoedge.admin import AdminServer
+from geoedge.metrics import MetricSet
 from tests.conftest import run_async
-from tunnel.runtime.admin import AdminServer
-from tunnel.runtime.metrics import MetricSet
 
 
 def test_healthz_metrics_and_extra_routes() -> None:

@@ -1,4 +1,4 @@
-"""tunnel.runtime.memory: the census, giving freed heap back, the report."""
+"""geoedge.memory: the census, giving freed heap back, the report."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
+from geoedge import memory
 from tests.conftest import run_async
 from tests.leaks import collector_off
-from tunnel.runtime import memory
 
 
 class Counted:

@@ -10,13 +10,13 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from tunnel.runtime.metrics import MetricSet, exposition, multiprocess_enabled
+from geoedge.metrics import MetricSet, exposition, multiprocess_enabled
 
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
 import json, os, sys, time
-from tunnel.runtime.metrics import (
+from geoedge.metrics import (
     MetricSet, cleanup_multiprocess, enable_multiprocess, exposition, multiprocess_enabled,
     process_exited,
 )

@@ -15,9 +15,7 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from tests.conftest import run_async
-from tunnel.policy import Backoff
-from tunnel.runtime.workers import (
+from geoedge.workers import (
     Supervisor,
     WorkerContext,
     _fds_opened_since,
@@ -26,6 +24,8 @@ from tunnel.runtime.workers import (
     listen_control,
     resolve_worker_count,
 )
+from tests.conftest import run_async
+from tunnel.policy import Backoff
 
 FAST = Backoff(base_s=0.05, cap_s=0.2)
 

@@ -1,5 +1,5 @@
-"""The status page's last-minute figures (tunnel.runtime.status_window) and its
-renderer (tunnel.runtime.status_page), from metric families built here."""
+"""The status page's last-minute figures (geoedge.status_window) and its
+renderer (geoedge.status_page), from metric families built here."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from tunnel.runtime.status_page import Action, Cell, Row, StatusPage, Table, cell, render
-from tunnel.runtime.status_window import MetricsWindow, bucket_quantile
+from geoedge.status_page import Action, Cell, Row, StatusPage, Table, cell, render
+from geoedge.status_window import MetricsWindow, bucket_quantile
 
 
 def test_quantiles_interpolate_inside_the_bucket_as_prometheus_does() -> None:

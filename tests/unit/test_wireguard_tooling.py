@@ -11,8 +11,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from wireguard_tools import WireguardConfig, WireguardKey
 
-from tunnel.runtime import cli
-from tunnel.runtime import wireguard as wg
+from geoedge import cli
+from geoedge import wireguard as wg
 
 EDGES = [("tokyo-1", "10.99.0.11"), ("dublin-1", "10.99.0.12")]
 
@@ -138,8 +138,8 @@ def test_snippets_load_with_the_daemons_schemas() -> None:
     import tomllib
 
     from edge.config import OriginConfig as EdgeOriginConfig
+    from geoedge.config import config_from_mapping
     from tunnel.aio.transport import TunnelListenerConfig
-    from tunnel.runtime.config import config_from_mapping
 
     mesh = plan()
     listener = tomllib.loads(wg.origin_listener_snippet(mesh))["tunnel_listener"]

@@ -1,7 +1,7 @@
 """TLS contexts for the tunnel: TLS 1.3 only, mutual authentication against a
 private CA, ECDSA certificates (DESIGN.md: P-256 signs 17x faster than RSA).
 
-The peer's identity comes from its certificate (:func:`tunnel.runtime.pki.peer_identity`:
+The peer's identity comes from its certificate (:func:`tunnel.peer_name.peer_identity`:
 the ``geoedge://<role>/<id>`` URI SAN, else the CN), never from anything the
 peer says later.
 """

@@ -31,7 +31,7 @@ from tunnel.aio.errors import PeerRefused, TunnelHandshakeError
 from tunnel.aio.tls import tunnel_client_context, tunnel_server_context
 from tunnel.mux import SessionConfig
 from tunnel.mux.errors import MuxError
-from tunnel.runtime.pki import PeerRole, parse_peer_name
+from tunnel.peer_name import PeerRole, parse_peer_name
 
 log = logging.getLogger("geoedge.tunnel")
 
@@ -185,7 +185,7 @@ def check_peer_certificate(
     """The identity of a verified tunnel peer certificate, or :class:`PeerRefused`.
 
     The certificate must name its role in its ``geoedge://<role>/<id>`` URI SAN
-    (:func:`tunnel.runtime.pki.issue_peer_cert` writes it), and the role must be
+    (:func:`geoedge.pki.issue_peer_cert` writes it), and the role must be
     ``expect_role``: an origin admits only ``edge`` certificates and an edge
     dials only ``origin`` ones, so the key of one side can never pose as the
     other, whatever ``allowed`` says. A certificate without the URI SAN (its

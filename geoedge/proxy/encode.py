@@ -1,4 +1,4 @@
-"""Sending PROXY headers: v1 and v2 encoders (see :mod:`tunnel.codecs.proxy`)."""
+"""Sending PROXY headers: v1 and v2 encoders (see :mod:`geoedge.proxy`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Iterable
 
 import google_crc32c
 
-from tunnel.codecs.proxy.address import V4_MAPPED_PREFIX, ipv6_text
-from tunnel.codecs.proxy.header import (
+from geoedge.proxy.address import V4_MAPPED_PREFIX, ipv6_text
+from geoedge.proxy.header import (
     _CRC32C,
     _INET6_ADDRESSES,
     _INET_ADDRESSES,

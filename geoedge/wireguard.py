@@ -31,7 +31,7 @@ from pathlib import Path
 
 from wireguard_tools import WireguardConfig, WireguardKey, WireguardPeer
 
-from tunnel.runtime.pki import write_file_atomically
+from geoedge.pki import write_file_atomically
 
 __all__ = [
     "DEFAULT_TUNNEL_PORT",

@@ -1,6 +1,6 @@
 """Rendering configs (or a schema's defaults) back to TOML, field docstrings as
 comments: where the example configs and ``geoedge config --defaults`` come from.
-Split from :mod:`tunnel.runtime.config`, which owns loading."""
+Split from :mod:`geoedge.config`, which owns loading."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from tunnel.runtime.config import (
+from geoedge.config import (
     KeyPath,
     describe_type,
     field_docs,

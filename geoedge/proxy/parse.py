@@ -1,4 +1,4 @@
-"""Receiving PROXY headers: the incremental parser (see :mod:`tunnel.codecs.proxy`)."""
+"""Receiving PROXY headers: the incremental parser (see :mod:`geoedge.proxy`)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import ipaddress
 
 import google_crc32c
 
-from tunnel.codecs.proxy.address import ipv4_text, ipv6_text
-from tunnel.codecs.proxy.header import (
+from geoedge.proxy.address import ipv4_text, ipv6_text
+from geoedge.proxy.header import (
     _CRC32C,
     _INET6_ADDRESSES,
     _INET_ADDRESSES,

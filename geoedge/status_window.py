@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tunnel.runtime.status_page import Cell, Row, Table, cell
+from geoedge.status_page import Cell, Row, Table, cell
 
 __all__ = ["MetricsWindow", "Snapshot", "bucket_quantile", "workers_table"]
 

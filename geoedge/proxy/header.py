@@ -1,4 +1,4 @@
-"""PROXY protocol types, constants and errors (see :mod:`tunnel.codecs.proxy`)."""
+"""PROXY protocol types, constants and errors (see :mod:`geoedge.proxy`)."""
 
 from __future__ import annotations
 

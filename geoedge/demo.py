@@ -13,7 +13,7 @@ SIGKILL after a grace period) and removes the directory.
 
 It runs the same from a checkout and from an installed wheel: the sample app
 comes from the shipped files, its ``ws`` dependency from ``npm ci`` into a
-cache directory on first use (:func:`tunnel.runtime.assets.prepare_node_app`),
+cache directory on first use (:func:`geoedge.assets.prepare_node_app`),
 and the daemons are started with this interpreter (``python -m edge``).
 """
 
@@ -32,7 +32,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tunnel.runtime import assets, pki
+from geoedge import assets, pki
 
 
 def _free_port() -> int:

@@ -13,7 +13,7 @@ nowhere else. This module is the one loader for all of them:
   all of them (hypercorn, our counter-example, silently ignores unknown keys).
 - Relative :class:`~pathlib.Path` values are resolved against the directory of
   the config file, so a config can name its certificates next to itself.
-- :func:`tunnel.runtime.config_render.config_to_toml` renders a config, or a
+- :func:`geoedge.config_render.config_to_toml` renders a config, or a
   schema's defaults, back to TOML with the field docstrings as comments: the
   example configs and ``geoedge config --defaults`` come from the same place
   as the defaults.

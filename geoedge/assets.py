@@ -1,7 +1,7 @@
 """The deployment files that ship with geoedge, wherever geoedge is installed.
 
 The wheel carries ``deploy/`` of the repository as package data under
-``tunnel/runtime/deploy/`` (pyproject.toml, ``[tool.hatch.build]``), with the
+``geoedge/deploy/`` (pyproject.toml, ``[tool.hatch.build]``), with the
 locustfile at ``loadtests/locustfile.py`` beneath it. An editable install (a
 checkout, ``make venv``) has no such directory; there the files are read from
 the checkout's ``deploy/`` and ``loadtests/``. Callers name a file relative to
@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 _PACKAGED = Path(__file__).resolve().with_name("deploy")
-_CHECKOUT = Path(__file__).resolve().parents[2]
+_CHECKOUT = Path(__file__).resolve().parents[1]
 _LOCUSTFILE = "loadtests/locustfile.py"
 
 #: The sample app's own files: what ships and what is copied into the cache.

@@ -5,11 +5,11 @@ Built in:
 - ``GET /healthz``: 200 when the daemon says it is healthy, else 503; the body
   is the JSON detail the daemon's ``health`` callable returns, so a load
   balancer reads the status and a person reads why.
-- ``GET /metrics``: the Prometheus text format (:func:`tunnel.runtime.metrics.exposition`:
+- ``GET /metrics``: the Prometheus text format (:func:`geoedge.metrics.exposition`:
   every worker's metrics merged in multiprocess mode).
 
 - ``GET /status`` (and ``/status.json``): the daemon's status page
-  (:mod:`tunnel.runtime.status_page`) when it gives a ``status`` source, which
+  (:mod:`geoedge.status_page`) when it gives a ``status`` source, which
   the admin samples every few seconds for its last-minute figures.
 
 A daemon adds its own routes (the origin's backend drain) with ``routes``.
@@ -28,9 +28,9 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from geoedge.metrics import FamilyFilter, exposition
+from geoedge.status_page import REFRESH_S, StatusPage, render, render_main
 from tunnel.aio.transport import parse_host_port
-from tunnel.runtime.metrics import FamilyFilter, exposition
-from tunnel.runtime.status_page import REFRESH_S, StatusPage, render, render_main
 
 __all__ = ["AdminServer", "HealthReport"]
 

@@ -35,14 +35,14 @@ Choices the spec leaves open:
   its own fallback) rather than a table in Python: well kept and ~100x faster.
 """
 
-from tunnel.codecs.proxy.encode import (
+from geoedge.proxy.encode import (
     Endpoint,
     encode_ssl_tlv,
     encode_v1,
     encode_v2,
     encode_v2_local,
 )
-from tunnel.codecs.proxy.header import (
+from geoedge.proxy.header import (
     AWS_SUBTYPE_VPCE_ID,
     MAX_UNIQUE_ID_BYTES,
     V1_MAX_LINE_BYTES,
@@ -62,7 +62,7 @@ from tunnel.codecs.proxy.header import (
     TlvType,
     decode_ssl_tlv,
 )
-from tunnel.codecs.proxy.parse import (
+from geoedge.proxy.parse import (
     ProxyHeaderParser,
     looks_like_proxy_header,
     parse_proxy_header,

@@ -1,8 +1,8 @@
 """The ``geoedge`` command: PKI and WireGuard tooling, host files, the local demo.
 
-Each subcommand is a thin shell over a library function (:mod:`tunnel.runtime.pki`,
-:mod:`tunnel.runtime.wireguard`, :mod:`tunnel.runtime.host_init`,
-:mod:`tunnel.runtime.demo`), so everything the command does can also be done,
+Each subcommand is a thin shell over a library function (:mod:`geoedge.pki`,
+:mod:`geoedge.wireguard`, :mod:`geoedge.host_init`,
+:mod:`geoedge.demo`), so everything the command does can also be done,
 and is tested, from Python. The demo and the config schemas are imported only
 when asked for: they pull in the daemons, which the PKI commands on a bare CA
 host do not need.
@@ -19,8 +19,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tunnel.runtime import assets, host_init, pki, wireguard
-from tunnel.runtime.version import add_version_option, package_version
+from geoedge import assets, host_init, pki, wireguard
+from geoedge.version import add_version_option, package_version
 
 __all__ = ["build_parser", "main"]
 
@@ -373,13 +373,11 @@ def _config_defaults(args: argparse.Namespace) -> int:
 
 def _run_demo(demo_args: list[str]) -> int:
     try:
-        demo = importlib.import_module("tunnel.runtime.demo")
+        demo = importlib.import_module("geoedge.demo")
     except ModuleNotFoundError as exc:
-        if exc.name != "tunnel.runtime.demo":
+        if exc.name != "geoedge.demo":
             raise  # a dependency of the demo is missing: show the real error
-        print(
-            f"{PROG}: error: this installation has no demo (tunnel.runtime.demo)", file=sys.stderr
-        )
+        print(f"{PROG}: error: this installation has no demo (geoedge.demo)", file=sys.stderr)
         return 1
     return int(demo.main(demo_args) or 0)
 

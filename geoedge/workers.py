@@ -20,7 +20,7 @@ loop of its own for the admin listener and the daemon's control plane, and a
   unless ``on_reload`` returned False (the parent found the new files bad and
   said so once: the workers keep what they have);
 - forwards SIGUSR1 (reopen logs) and SIGUSR2 (log a memory report,
-  :mod:`tunnel.runtime.memory`) to the workers; a worker ignores both until it
+  :mod:`geoedge.memory`) to the workers; a worker ignores both until it
   takes them;
 - keeps a *control pipe* to each worker: :meth:`Supervisor.broadcast` sends a
   JSON object per line (the origin sends pool snapshots and drains this way),

@@ -28,15 +28,26 @@ import datetime as dt
 import ipaddress
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from tunnel.peer_name import (
+    IDENTITY_RE,
+    PEER_ROLES,
+    PEER_URI_SCHEME,
+    PeerName,
+    PeerRole,
+    extension_value,
+    parse_peer_name,
+    peer_identity,
+)
 
 __all__ = [
     "CA_CERT_FILE",
@@ -60,19 +71,14 @@ __all__ = [
 
 CA_CERT_FILE = "ca.pem"
 CA_KEY_FILE = "ca-key.pem"
-#: URI SAN scheme of tunnel peer certificates: ``geoedge://<role>/<identity>``.
-PEER_URI_SCHEME = "geoedge"
 
 KeyType = Literal["ecdsa", "rsa"]
-PeerRole = Literal["edge", "origin"]
 PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 
-_PEER_ROLES: tuple[str, ...] = ("edge", "origin")
 _CLOCK_SKEW = dt.timedelta(minutes=5)
 _RSA_BITS = 2048
 _CN_MAX_CHARS = 64  # RFC 5280 ub-common-name
 # An identity is one URI path segment and one log field: keep it boring.
-_IDENTITY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _DNS_LABEL_RE = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 
 
@@ -103,18 +109,6 @@ class CertificateAuthority:
     cert: x509.Certificate
     key: PrivateKey
     paths: CertPaths
-
-
-@dataclass(frozen=True, slots=True)
-class PeerName:
-    """Who a tunnel peer certificate says it is.
-
-    ``role`` is ``None`` when the identity came from the CN fallback (a
-    certificate not issued by :func:`issue_peer_cert`).
-    """
-
-    identity: str
-    role: str | None
 
 
 # --- issuing -------------------------------------------------------------------------
@@ -226,8 +220,8 @@ def issue_peer_cert(
     (IP addresses become IP SANs), e.g. the origin's hostname that edges verify
     when they dial it.
     """
-    if role not in _PEER_ROLES:
-        raise PkiError("bad-role", f"peer role must be one of {_PEER_ROLES}, not {role!r}")
+    if role not in PEER_ROLES:
+        raise PkiError("bad-role", f"peer role must be one of {PEER_ROLES}, not {role!r}")
     _check_identity(identity)
     sans: list[x509.GeneralName] = [
         x509.UniformResourceIdentifier(f"{PEER_URI_SCHEME}://{role}/{identity}")
@@ -303,44 +297,12 @@ def load_certificate(path: str | os.PathLike[str]) -> x509.Certificate:
         raise PkiError("bad-certificate", f"{path}: not a PEM or DER certificate") from exc
 
 
-def parse_peer_name(cert: bytes | x509.Certificate | Mapping[str, Any]) -> PeerName | None:
-    """Who a peer certificate names: its ``geoedge://`` URI SAN, else its CN.
-
-    ``cert`` is the DER from ``SSLObject.getpeercert(binary_form=True)`` (the
-    robust input: the dict form is empty unless the certificate was
-    verified), a parsed certificate, or the dict from ``getpeercert()``.
-    """
-    if isinstance(cert, Mapping):
-        return _peer_name_from_dict(cert)
-    if isinstance(cert, bytes | bytearray | memoryview):
-        try:
-            cert = x509.load_der_x509_certificate(bytes(cert))
-        except ValueError:
-            return None
-    for uri in _uri_sans(cert):
-        name = _peer_name_from_uri(uri)
-        if name is not None:
-            return name
-    cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    if cns and isinstance(cns[0].value, str) and cns[0].value:
-        return PeerName(identity=cns[0].value, role=None)
-    return None
-
-
-def peer_identity(cert: bytes | x509.Certificate | Mapping[str, Any] | None) -> str | None:
-    """The identity of a tunnel peer (``tokyo-1``), or ``None`` if it names none."""
-    if cert is None:
-        return None
-    name = parse_peer_name(cert)
-    return None if name is None else name.identity
-
-
 def describe_certificate(path: str | os.PathLike[str]) -> str:
     """Human-readable summary of a certificate file, for ``geoedge pki show``."""
     cert = load_certificate(path)
     sans = _san_strings(cert)
     peer = parse_peer_name(cert)
-    basic = _extension_value(cert, x509.BasicConstraints)
+    basic = extension_value(cert, x509.BasicConstraints)
     key = cert.public_key()
     if isinstance(key, ec.EllipticCurvePublicKey):
         key_desc = f"ECDSA {key.curve.name}"
@@ -425,7 +387,7 @@ def _common_name(value: str) -> str:
 
 
 def _check_identity(identity: str) -> None:
-    if not _IDENTITY_RE.match(identity):
+    if not IDENTITY_RE.match(identity):
         raise PkiError(
             "bad-identity",
             f"peer identity {identity!r} must be 1..63 of [A-Za-z0-9._-] starting with a "
@@ -474,7 +436,7 @@ def _write_cert(path: Path, cert: x509.Certificate) -> None:
 def write_file_atomically(path: Path, data: bytes, *, mode: int) -> None:
     """Write ``path`` through a temporary file and a rename, with ``mode`` from creation.
 
-    Shared with :mod:`tunnel.runtime.wireguard`, whose configs hold private keys too.
+    Shared with :mod:`geoedge.wireguard`, whose configs hold private keys too.
     """
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.unlink(missing_ok=True)
@@ -493,49 +455,14 @@ def write_file_atomically(path: Path, data: bytes, *, mode: int) -> None:
     os.replace(tmp, path)
 
 
-def _uri_sans(cert: x509.Certificate) -> list[str]:
-    san = _extension_value(cert, x509.SubjectAlternativeName)
-    return [] if san is None else san.get_values_for_type(x509.UniformResourceIdentifier)
-
-
 def _san_strings(cert: x509.Certificate) -> list[str]:
-    san = _extension_value(cert, x509.SubjectAlternativeName)
+    san = extension_value(cert, x509.SubjectAlternativeName)
     if san is None:
         return []
     out = [f"DNS:{v}" for v in san.get_values_for_type(x509.DNSName)]
     out += [f"IP:{v}" for v in san.get_values_for_type(x509.IPAddress)]
     out += [f"URI:{v}" for v in san.get_values_for_type(x509.UniformResourceIdentifier)]
     return out
-
-
-def _extension_value(cert: x509.Certificate, ext_type: type[Any]) -> Any:
-    try:
-        return cert.extensions.get_extension_for_class(ext_type).value
-    except x509.ExtensionNotFound:
-        return None
-
-
-def _peer_name_from_uri(uri: str) -> PeerName | None:
-    prefix = f"{PEER_URI_SCHEME}://"
-    if not uri.startswith(prefix):
-        return None
-    role, sep, identity = uri[len(prefix) :].partition("/")
-    if not sep or role not in _PEER_ROLES or not _IDENTITY_RE.match(identity):
-        return None
-    return PeerName(identity=identity, role=role)
-
-
-def _peer_name_from_dict(cert: Mapping[str, Any]) -> PeerName | None:
-    for kind, value in cert.get("subjectAltName", ()):
-        if kind == "URI":
-            name = _peer_name_from_uri(value)
-            if name is not None:
-                return name
-    for rdn in cert.get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName" and value:
-                return PeerName(identity=value, role=None)
-    return None
 
 
 def _peer_desc(peer: PeerName | None) -> str:

@@ -1,6 +1,6 @@
 """The listening sockets both daemons bind in their supervisor and share with
 the workers they fork (under systemd they come from ``LISTEN_FDS`` instead:
-:mod:`tunnel.runtime.systemd`)."""
+:mod:`geoedge.systemd`)."""
 
 from __future__ import annotations
 

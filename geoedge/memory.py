@@ -63,8 +63,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from tunnel.runtime.logs import log_event
-from tunnel.runtime.metrics import MetricSet
+from geoedge.logs import log_event
+from geoedge.metrics import MetricSet
 
 __all__ = [
     "HeapStatistics",

@@ -1,12 +1,12 @@
 """``geoedge init edge|origin|node --out DIR``: the files one host needs, ready to copy.
 
 For an edge or an origin: the config, rendered from the schema the daemon
-loads (:func:`tunnel.runtime.config_render.config_to_toml`: every key with its value
+loads (:func:`geoedge.config_render.config_to_toml`: every key with its value
 and its docstring as a comment, so it is also the reference), the systemd
 unit(s), the sysctl file, and EC2 user data (cloud-init) carrying that same
 config. For a Node.js backend host: the ``geoedge-node@.service`` template and
 the sample app. Units, sysctl and cloud-init are the shipped files
-(:mod:`tunnel.runtime.assets`) with the host's choices filled in; nothing is
+(:mod:`geoedge.assets`) with the host's choices filled in; nothing is
 installed: :func:`install_steps` says where each file goes.
 
 The schemas are looked up by name (:data:`SCHEMAS`), not imported at the top:
@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tunnel.runtime import assets
-from tunnel.runtime.config import ConfigError, config_from_mapping
-from tunnel.runtime.config_render import config_to_toml
-from tunnel.runtime.pki import write_file_atomically
-from tunnel.runtime.version import package_version
+from geoedge import assets
+from geoedge.config import ConfigError, config_from_mapping
+from geoedge.config_render import config_to_toml
+from geoedge.pki import write_file_atomically
+from geoedge.version import package_version
 
 __all__ = [
     "DEFAULT_ETC",

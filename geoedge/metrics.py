@@ -3,7 +3,7 @@
 Each daemon declares its metrics on a :class:`MetricSet` (one namespace, one
 registry) and the admin listener exposes them with :func:`exposition`.
 
-Worker processes (:mod:`tunnel.runtime.workers`) each count for themselves;
+Worker processes (:mod:`geoedge.workers`) each count for themselves;
 prometheus_client's *multiprocess mode* adds them up at scrape time: every
 process writes its values to memory-mapped files in ``PROMETHEUS_MULTIPROC_DIR``
 and the admin's ``MultiProcessCollector`` merges the files. The parent calls

@@ -1,0 +1,20 @@
+"""What both daemons run on, and the ``geoedge`` command.
+
+``edge`` and ``origin`` are the two daemons, ``tunnel`` the protocol between
+them; everything they share that is not the protocol lives here, one module per
+concern:
+
+- configuration: :mod:`geoedge.config` (schema and loading), :mod:`geoedge.config_render`
+- processes: :mod:`geoedge.workers` (the prefork supervisor), :mod:`geoedge.listening`
+  (the one ``bind_listener``), :mod:`geoedge.systemd` (sd_notify, watchdog)
+- observing: :mod:`geoedge.logs`, :mod:`geoedge.metrics`, :mod:`geoedge.admin` (the
+  admin listener), :mod:`geoedge.memory`, :mod:`geoedge.status_page`, :mod:`geoedge.status_window`
+- the PROXY protocol codec: :mod:`geoedge.proxy` (the edge reads it, the origin writes it)
+- the ``geoedge`` command and its tools: :mod:`geoedge.cli`, :mod:`geoedge.pki`,
+  :mod:`geoedge.wireguard`, :mod:`geoedge.host_init`, :mod:`geoedge.preflight`,
+  :mod:`geoedge.demo`, :mod:`geoedge.assets` (the shipped deployment files)
+
+The package shares the distribution's name, so it cannot collide with another
+distribution's in site-packages (the three daemon packages keep the folder names
+the layout asks for; README "Layout").
+"""

@@ -1,1 +1,0 @@
-"""What both daemons share: config loading, logs, metrics, workers, the ``geoedge`` command."""
