@@ -22,7 +22,6 @@ import sys
 import time
 from collections.abc import Callable
 
-from edge import metrics
 from edge.admission import ConnectionAdmission, RequestRate
 from edge.config import EdgeConfig, ListenerConfig
 from edge.deadlines import Deadlines
@@ -30,6 +29,7 @@ from edge.exchange import RequestRecord
 from edge.front_h1 import Http1Connection
 from edge.http1 import HttpLimits
 from edge.listener import is_trusted, serve_proxy_listener
+from edge.metrics import EdgeMetrics
 from edge.origins import OriginSet
 from edge.services import ClientConnection, ClientFacts
 from edge.tls import CertificateStore
@@ -85,7 +85,7 @@ class EdgeWorker:
         self._id_counter = itertools.count(1)
         self.access_log = _open_access_log(config)
         self.tally = Tally()
-        metrics.prime()
+        self.metrics = EdgeMetrics()
         self.process_metrics = ProcessMetrics("edge")
         limits = config.limits
         self.admission = ConnectionAdmission(
@@ -230,15 +230,15 @@ class EdgeWorker:
             connection.sweep(now)
 
     def _export_tunnel_metrics(self) -> None:
-        metrics.CONNECTIONS_OPEN.set(len(self.connections))
+        self.metrics.connections_open.set(len(self.connections))
         for stats in self.origins.statistics():
             # Ready (healthz, systemd) once a connection is warm: the first large
             # response after a start then crosses a long link at full window.
-            metrics.TUNNELS_UP.labels(stats.name).set(stats.usable - stats.warming)
-            metrics.STREAMS_OPEN.labels(stats.name).set(stats.open_streams)
+            self.metrics.tunnels_up.labels(stats.name).set(stats.usable - stats.warming)
+            self.metrics.streams_open.labels(stats.name).set(stats.open_streams)
             if stats.srtt_s is not None:
-                metrics.TUNNEL_SRTT.labels(stats.name).set(stats.srtt_s)
-                self.tally.observe(metrics.TUNNEL_RTT_SECONDS, (stats.name,), stats.srtt_s)
+                self.metrics.tunnel_srtt.labels(stats.name).set(stats.srtt_s)
+                self.tally.observe(self.metrics.tunnel_rtt_seconds, (stats.name,), stats.srtt_s)
 
     # -- edge.services.EdgeServices ------------------------------------------------------
 
@@ -253,16 +253,14 @@ class EdgeWorker:
     def connection_opened(self, connection: ClientConnection, facts: ClientFacts) -> None:
         self.connections.add(connection)
         self._no_connections.clear()
-        tally = self.tally
+        tally, m = self.tally, self.metrics
         if facts.tls_version is not None:
-            tally.add(metrics.CONNECTIONS, "https")
-            tally.add(metrics.HANDSHAKES, (facts.tls_version, "yes" if facts.tls_resumed else "no"))
+            tally.add(m.connections, "https")
+            tally.add(m.handshakes, (facts.tls_version, "yes" if facts.tls_resumed else "no"))
             if facts.tls_handshake_s is not None:
-                tally.observe(
-                    metrics.TLS_HANDSHAKE_SECONDS, (facts.tls_version,), facts.tls_handshake_s
-                )
+                tally.observe(m.tls_handshake_seconds, (facts.tls_version,), facts.tls_handshake_s)
         else:
-            tally.add(metrics.CONNECTIONS, "http")
+            tally.add(m.connections, "http")
 
     def connection_closed(self, connection: ClientConnection) -> None:
         self.connections.discard(connection)
@@ -276,7 +274,7 @@ class EdgeWorker:
         self.origins.stop_waiting(waiter)  # type: ignore[arg-type]
 
     def count_error(self, reason: str) -> None:
-        self.tally.add(metrics.ERRORS, reason)
+        self.tally.add(self.metrics.errors, reason)
 
     def warn(self, message: str, *args: object) -> None:
         throttled.warning(message, *args)
@@ -284,7 +282,7 @@ class EdgeWorker:
     def log_refused(self, peer: object, reason: str, outcome: str) -> None:
         """A connection that ended before any request, for a reason: one line."""
         client_ip = peer[0] if isinstance(peer, tuple) and peer else None
-        self.tally.add(metrics.REFUSED, outcome)
+        self.tally.add(self.metrics.refused, outcome)
         if outcome != "tls_failed":  # scanners fail handshakes all day: log line only
             throttled.warning("refused connection from %s: %s", client_ip, reason)
         if self.access_log is not None:
@@ -306,17 +304,17 @@ class EdgeWorker:
         status = record.status
         protocol = record.protocol
         origin = record.origin or "-"
-        tally = self.tally
-        tally.add(metrics.REQUESTS, str(status))
-        tally.add(metrics.BYTES, "in", record.bytes_in)
-        tally.add(metrics.BYTES, "out", sent)
+        tally, m = self.tally, self.metrics
+        tally.add(m.requests, str(status))
+        tally.add(m.bytes, "in", record.bytes_in)
+        tally.add(m.bytes, "out", sent)
         duration = now - record.started
-        tally.observe(metrics.REQUEST_SECONDS, (origin, f"{status // 100}xx", protocol), duration)
+        tally.observe(m.request_seconds, (origin, f"{status // 100}xx", protocol), duration)
         ttfb_ms = transfer_ms = None
         if record.first_byte:
             ttfb = record.first_byte - record.started
-            tally.observe(metrics.FIRST_BYTE_SECONDS, (origin, protocol), ttfb)
-            tally.observe(metrics.TRANSFER_SECONDS, (protocol,), now - record.first_byte)
+            tally.observe(m.first_byte_seconds, (origin, protocol), ttfb)
+            tally.observe(m.transfer_seconds, (protocol,), now - record.first_byte)
             ttfb_ms = round(ttfb * 1000, 3)
             transfer_ms = round((now - record.first_byte) * 1000, 3)
         if self.access_log is None:

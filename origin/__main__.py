@@ -17,9 +17,9 @@ from collections.abc import Sequence
 import uvloop
 
 from geoedge.config import ConfigError
-from geoedge.logs import add_logging_options, configure_logging, logging_choice
-from geoedge.preflight import FileCheck, ListenError, PreflightError, check_files, run_as
-from geoedge.version import add_version_option
+from geoedge.daemon_cli import daemon_parser, parse_daemon_args, report, run_check
+from geoedge.logs import configure_logging, logging_choice
+from geoedge.preflight import FileCheck, ListenError, PreflightError, check_files
 from origin.config import OriginConfig, load_origin_config
 from origin.daemon import OriginDaemon
 from tunnel.aio.tls import TunnelTlsError
@@ -30,24 +30,15 @@ __all__ = ["main"]
 log = logging.getLogger("geoedge.origin")
 
 
+PROG = "geoedge-origin"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="geoedge-origin",
-        description="geoedge origin balancer: accepts edge tunnels, balances streams "
-        "over Node.js backends",
+    return daemon_parser(
+        PROG,
+        "geoedge origin balancer: accepts edge tunnels, balances streams over Node.js backends",
+        "origin.toml",
     )
-    parser.add_argument("--config", required=True, help="path to origin.toml")
-    parser.add_argument(
-        "--check",
-        action="store_true",
-        help="validate the config file, open every file it names, and exit",
-    )
-    parser.add_argument(
-        "--user", help="with --check (as root): check as this user, e.g. the service's"
-    )
-    add_logging_options(parser)
-    add_version_option(parser)
-    return parser
 
 
 def origin_files(config: OriginConfig) -> list[FileCheck]:
@@ -79,19 +70,13 @@ def preflight(path: str, *, service_gid: int | None) -> OriginConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.user and not args.check:
-        parser.error("--user goes with --check (the service manager picks the daemon's user)")
+    args = parse_daemon_args(build_parser(), argv)
     if args.check:
-        if args.user:
-            return run_as(args.user, lambda: _check(args.config, os.getegid()))
-        # Root checking for a service it was not named: its group is unknown.
-        return _check(args.config, None if os.geteuid() == 0 else os.getegid())
+        return run_check(args, _check)
     try:
         config = preflight(args.config, service_gid=os.getegid())
     except (ConfigError, PreflightError, TunnelTlsError) as exc:
-        _report(args.config, exc)
+        report(PROG, args.config, exc)
         return 2
     level, json_lines = logging_choice(args, config.origin.log_level, config.origin.log_json)
     configure_logging(level, json=json_lines)
@@ -99,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return uvloop.run(daemon.run())
     except ListenError as exc:
-        _report(args.config, exc)
+        report(PROG, args.config, exc)
         return 1
     except (OSError, TunnelTlsError) as exc:
         log.error("origin failed to start: %s", exc)
@@ -110,17 +95,10 @@ def _check(path: str, service_gid: int | None) -> int:
     try:
         config = preflight(path, service_gid=service_gid)
     except (ConfigError, PreflightError, TunnelTlsError) as exc:
-        _report(path, exc)
+        report(PROG, path, exc)
         return 2
     print(f"{path}: ok ({len(config.pools)} pool(s))")
     return 0
-
-
-def _report(path: str, exc: Exception) -> None:
-    """One line per problem, each naming the config file (ConfigError's do already)."""
-    for line in str(exc).splitlines():
-        prefix = "" if isinstance(exc, ConfigError) else f"{path}: "
-        print(f"geoedge-origin: {prefix}{line}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ from prometheus_client.metrics_core import Metric
 
 from geoedge.admin import AdminServer, HealthReport
 from geoedge.config import ConfigError
-from geoedge.listening import bind_listener
+from geoedge.listening import activated_or_bound
 from geoedge.logs import AccessLog
 from geoedge.memory import MemoryKeeper, tune_gc
 from geoedge.metrics import (
@@ -60,7 +60,7 @@ from geoedge.metrics import (
 )
 from geoedge.preflight import ListenError
 from geoedge.status_window import MetricsWindow
-from geoedge.systemd import ServiceNotifier, listen_sockets, same_address
+from geoedge.systemd import ServiceNotifier, listen_sockets
 from geoedge.workers import Supervisor, WorkerContext, listen_control
 from origin.admission import TlsAudit
 from origin.config import OriginConfig, load_origin_config
@@ -70,7 +70,7 @@ from origin.snapshot import PoolSnapshot, encode_snapshots
 from origin.state import UnknownBackend
 from origin.status import OriginStatus
 from origin.worker import OriginWorker
-from tunnel.aio.transport import listener_ssl_context, parse_host_port
+from tunnel.aio.transport import listener_ssl_context
 
 __all__ = ["OriginDaemon", "open_access_log"]
 
@@ -208,25 +208,7 @@ class OriginDaemon:
         """The tunnel listener: the socket systemd passed for ``address``
         (socket activation), else a new one."""
         passed = [] if self.in_process else listen_sockets()
-        host, port = parse_host_port(address)
-        found = None
-        for name, sock in passed:
-            if found is None and same_address(sock, host, port):
-                found = sock
-                sock.setblocking(False)
-                log.info("tunnel listener %s: socket %r from systemd", address, name)
-            else:
-                sock.close()
-                stray = f"{name} ({sock.getsockname()})"
-                raise ListenError(
-                    "socket activation", stray, OSError("the config has no listener there")
-                )
-        if found is not None:
-            return found
-        try:
-            return bind_listener(host, port)
-        except OSError as exc:
-            raise ListenError("[tunnel_listener] address", address, exc) from None
+        return activated_or_bound([("[tunnel_listener] address", address)], passed)[0]
 
     def _current_backends_only(self, families: list[Metric]) -> list[Metric]:
         """The series of backends the pools still have: a backend removed by a

@@ -72,13 +72,14 @@ def declared_names() -> set[str]:
     (a labelled series with no sample yet is not in a scrape, but is declared)."""
     from prometheus_client import REGISTRY, CollectorRegistry
 
-    import edge.metrics  # noqa: F401 - declares the edge's series in REGISTRY
+    from edge.metrics import EdgeMetrics
     from geoedge.metrics import ProcessMetrics
     from origin.metrics import ControlMetrics, WorkerMetrics
 
     ProcessMetrics("test")
     names = set()
-    registries = [REGISTRY, WorkerMetrics(CollectorRegistry()).registry]
+    registries = [REGISTRY, EdgeMetrics(CollectorRegistry()).registry]
+    registries.append(WorkerMetrics(CollectorRegistry()).registry)
     registries.append(ControlMetrics(CollectorRegistry()).registry)
     for registry in registries:
         for family in registry.collect():

@@ -230,7 +230,7 @@ def test_the_origin_takes_its_tunnel_listener_from_systemd_and_notifies(
             assert ready
             assert any("workers;" in line for line in notify.lines()), notify.lines()
             text = log.read_text()
-            assert f"tunnel listener 127.0.0.1:{stack.origin_port}: socket 'tunnel'" in text
+            assert f"listening on 127.0.0.1:{stack.origin_port}: socket 'tunnel'" in text
             os.kill(activator.pid, signal.SIGHUP)
             notify.wait_for("RELOADING=1")
             activator.send_signal(signal.SIGTERM)

@@ -1,0 +1,246 @@
+"""The edge daemon's parent process: listening sockets, workers, admin, systemd.
+
+Start-up, in this order (the order is the point):
+
+1. multiprocess metrics on (a fresh ``PROMETHEUS_MULTIPROC_DIR``), before any
+   metric exists or a worker forks;
+2. take the listening sockets systemd passed (socket activation) and bind the
+   rest, so every worker forked later shares them, as it shares the TLS
+   contexts :func:`edge.__main__.preflight` built;
+3. the admin listener; 4. fork the workers (:mod:`edge.worker`).
+
+Signals: SIGTERM/SIGINT drain (``/healthz`` answers 503 from then on; stop
+accepting, finish in-flight requests up to ``drain_timeout_s``, GOAWAY the
+tunnels) and exit; SIGHUP reloads certificates and OCSP responses without
+dropping a connection, in the parent first (so a worker it starts later
+serves the current ones), then in the workers; SIGUSR1 reopens the access log
+(logrotate's postrotate); SIGUSR2 makes every worker log a memory report
+(:mod:`geoedge.memory`).
+
+Under systemd (``Type=notify``): READY=1 once a tunnel is up, or after
+:data:`READY_TIMEOUT_S` without one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+
+import uvloop
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from edge.config import EdgeConfig, ListenerConfig
+from edge.status import EdgeStatus
+from edge.tls import CertificateStore, TlsConfigError
+from edge.worker import EdgeWorker
+from geoedge.admin import AdminServer, HealthReport
+from geoedge.listening import activated_or_bound
+from geoedge.memory import MemoryKeeper, tune_gc
+from geoedge.metrics import (
+    cleanup_multiprocess,
+    enable_multiprocess,
+    merged_families,
+    process_exited,
+)
+from geoedge.preflight import ListenError
+from geoedge.status_window import MetricsWindow
+from geoedge.systemd import ServiceNotifier, listen_sockets
+from geoedge.workers import Supervisor, WorkerContext
+
+__all__ = ["READY_TIMEOUT_S", "EdgeDaemon", "Sockets", "bind_sockets"]
+
+log = logging.getLogger("geoedge.edge")
+
+#: Under systemd (Type=notify): READY=1 once a tunnel is up, or after this long
+#: without one (the edge serves anyway: requests wait tunnel_wait_s, then 503),
+#: so that a start does not fail, or a restart hang, while an origin is down.
+READY_TIMEOUT_S = 30.0
+#: Grace after the drain deadline before the parent SIGKILLs a worker.
+KILL_GRACE_S = 5.0
+
+#: Each listening socket with its listener (``None``: the HTTP-to-HTTPS redirect).
+Sockets = list[tuple[ListenerConfig | None, socket.socket]]
+
+
+def bind_sockets(
+    config: EdgeConfig, activated: list[tuple[str, socket.socket]] | None = None
+) -> Sockets:
+    """The listening sockets: those systemd passed (matched to the listeners by
+    address), the rest bound here."""
+    wanted: list[tuple[ListenerConfig | None, str, str]] = [
+        (listener, "[[listeners]] address", listener.address) for listener in config.listeners
+    ]
+    if config.redirect is not None:
+        wanted.append((None, "[redirect] address", config.redirect.address))
+    sockets = activated_or_bound(
+        [(setting, address) for _, setting, address in wanted], list(activated or ())
+    )
+    return [(listener, sock) for (listener, _, _), sock in zip(wanted, sockets, strict=True)]
+
+
+class EdgeDaemon:
+    """The parent: it binds, forks and supervises the workers, answers the admin
+    listener and speaks to systemd; it serves no client itself."""
+
+    def __init__(
+        self,
+        config: EdgeConfig,
+        certificates: CertificateStore,
+        *,
+        notifier: ServiceNotifier | None = None,
+    ) -> None:
+        self.config = config
+        self.certificates = certificates
+        # Takes NOTIFY_SOCKET now, before any fork: the workers do not speak to systemd.
+        self.notifier = notifier if notifier is not None else ServiceNotifier()
+        self.sockets: Sockets = []
+        self.supervisor: Supervisor | None = None
+        self.admin: AdminServer | None = None
+
+    # -- parent ------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Run until stopped (SIGTERM/SIGINT, or :meth:`stop`); the exit status.
+        Raises :class:`ListenError` when an address cannot be bound."""
+        metrics_dir = enable_multiprocess()
+        try:
+            await self._run()
+        finally:
+            cleanup_multiprocess(metrics_dir)
+        return 0
+
+    async def _run(self) -> None:
+        config = self.config
+        self.sockets = bind_sockets(config, listen_sockets())
+        supervisor = self.supervisor = Supervisor(
+            self._worker_main,
+            workers=config.edge.workers,
+            stop_timeout_s=config.edge.drain_timeout_s + KILL_GRACE_S,
+            on_reload=self.request_reload,
+            on_worker_exit=lambda pid, status: process_exited(pid),
+            parent_fds=self._parent_fds,
+            on_stopping=lambda: self.notifier.stopping(f"draining {supervisor.running} worker(s)"),
+        )
+        self.admin = AdminServer(
+            config.admin.address,
+            health=self.health,
+            status=EdgeStatus(config, MetricsWindow(merged_families), supervisor.statistics),
+        )
+        try:
+            try:
+                await self.admin.start()
+            except OSError as exc:
+                raise ListenError("[admin] address", config.admin.address, exc) from None
+            log.info(
+                "edge %s serving %s with %d worker(s)",
+                config.edge.id,
+                ", ".join(x.address for x in config.listeners),
+                supervisor.target,
+            )
+            systemd = asyncio.get_running_loop().create_task(
+                self.notifier.run(
+                    self._service_state,
+                    ready_timeout_s=READY_TIMEOUT_S,
+                    alive=lambda: supervisor.statistics().running > 0,
+                )
+            )
+            try:
+                await supervisor.run()
+            finally:
+                systemd.cancel()
+                self.notifier.close()
+        finally:
+            await self.admin.close()
+            for _, sock in self.sockets:
+                sock.close()
+
+    def stop(self) -> None:
+        """Begin the graceful stop (what SIGTERM does)."""
+        if self.supervisor is not None:
+            self.supervisor.stop()
+
+    def request_reload(self) -> bool:
+        """SIGHUP: reload certificates into the parent's own contexts (the ones
+        the next forked worker inherits; ticket keys kept), then let the
+        supervisor signal the workers. On failure the workers are not signalled:
+        the problem is logged once and they keep what they serve."""
+        self.notifier.reloading()
+        try:
+            self.certificates.reload()
+        except TlsConfigError as exc:
+            log.error("certificate reload failed, keeping the current certificates: %s", exc)
+            self.notifier.ready("certificate reload failed: serving the previous certificates")
+            return False
+        self.notifier.ready("certificates reloaded")
+        return True
+
+    def _parent_fds(self) -> list[int]:
+        fd = self.admin.fileno() if self.admin is not None else None
+        return [fd] if fd is not None else []
+
+    def _service_state(self) -> tuple[bool, bool, str]:
+        """(ready, stopping, STATUS=) for systemd: ready once a tunnel is up."""
+        assert self.supervisor is not None
+        stats = self.supervisor.statistics()
+        up = [name for name, count in tunnels_up().items() if count > 0]
+        down = sorted({origin.name for origin in self.config.origins} - set(up))
+        if stats.stopping:
+            return bool(up), True, f"draining {stats.running} worker(s)"
+        text = f"{stats.running}/{stats.target} workers; tunnels up: {', '.join(up) or 'none'}"
+        if down:
+            text += f"; waiting for {', '.join(down)}"
+        return bool(up) and stats.running > 0, False, text
+
+    # -- admin -------------------------------------------------------------------------
+
+    def health(self) -> HealthReport:
+        """Healthy while some worker has a usable tunnel and the edge is not
+        draining: a load balancer must stop sending new clients from the
+        moment a drain starts."""
+        draining = self.supervisor is not None and self.supervisor.statistics().stopping
+        up = tunnels_up()
+        return not draining and any(v > 0 for v in up.values()), {
+            "draining": draining,
+            "tunnels_up": up,
+        }
+
+    # -- worker process ----------------------------------------------------------------
+
+    def _worker_main(self, context: WorkerContext) -> int:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(self._worker_process(context))
+
+    async def _worker_process(self, context: WorkerContext) -> int:
+        """One worker: serve until SIGTERM, then drain; SIGHUP reloads
+        certificates, SIGUSR1 reopens the access log, SIGUSR2 logs a memory report."""
+        worker = EdgeWorker(self.config, self.certificates, self.sockets)
+        await worker.start()
+        tune_gc()
+        memory = MemoryKeeper("geoedge_edge", ("edge", "tunnel"))
+        memory.start()
+        loop = asyncio.get_running_loop()
+        stopping = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        loop.add_signal_handler(signal.SIGHUP, worker.reload_certificates)
+        loop.add_signal_handler(signal.SIGUSR1, worker.reopen_logs)
+        await stopping.wait()
+        await worker.drain()
+        memory.close()
+        return 0
+
+
+def tunnels_up() -> dict[str, float]:
+    """Usable tunnel connections per origin, summed over the workers (each
+    exports ``geoedge_edge_tunnels_up``; read from the multiprocess files)."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)
+    return {
+        sample.labels.get("origin", "?"): sample.value
+        for metric in registry.collect()
+        if metric.name == "geoedge_edge_tunnels_up"
+        for sample in metric.samples
+    }
