@@ -44,7 +44,7 @@ class OutputLedger:
         # its close until a full collection, which the daemons almost never run).
         # The front end settles the ledger when its connection ends, so nothing
         # is left to log once it is gone.
-        self._log = weakref.WeakMethod(log)  # type: ignore[arg-type]
+        self._log = weakref.WeakMethod(log)
         self._transport: asyncio.Transport | None = None
         self._unflushed: deque[Logged] = deque()
         self.queued = 0
@@ -60,7 +60,7 @@ class OutputLedger:
         sent = getattr(transport, "bytes_sent", None)
         if sent is None:  # a plain socket transport: what it no longer holds
             sent = self.queued - transport.get_write_buffer_size()
-        return sent  # type: ignore[no-any-return]
+        return sent
 
     def sent_for(self, record: Logged) -> int:
         if record.out_start < 0:

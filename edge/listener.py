@@ -48,8 +48,8 @@ def is_trusted(address: str, networks: tuple[object, ...]) -> bool:
         ip = ipaddress.ip_address(address)
     except ValueError:
         return False
-    if ip.version == 6 and ip.ipv4_mapped is not None:  # type: ignore[union-attr]
-        ip = ip.ipv4_mapped  # type: ignore[union-attr]
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
     return any(ip in net for net in networks)  # type: ignore[operator]
 
 

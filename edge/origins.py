@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from edge.config import OriginConfig
+from tunnel.aio.connection import TunnelConnection
 from tunnel.aio.errors import NoTunnelAvailable
 from tunnel.aio.pool import PoolStatistics, TunnelPool
 from tunnel.aio.stream import TunnelStream
-from tunnel.aio.transport import dial_ssl_context, dial_tunnel
+from tunnel.aio.transport import TunnelDialConfig, dial_ssl_context, dial_tunnel
 from tunnel.mux import SessionConfig, StreamMetadata
 from tunnel.policy import Backoff
 
@@ -70,14 +72,18 @@ class OriginSet:
             dial_config = origin.tunnel
             ssl_context = dial_ssl_context(dial_config)
 
-            async def dial(hint: int, _c=dial_config, _s=ssl_context) -> object:
+            async def dial(
+                hint: int,
+                _c: TunnelDialConfig = dial_config,
+                _s: ssl.SSLContext | None = ssl_context,
+            ) -> TunnelConnection:
                 return await dial_tunnel(
                     _c, session_config, ssl_context=_s, learned_window_hint=hint
                 )
 
             self.pools[origin.name] = TunnelPool(
                 origin.name,
-                dial,  # type: ignore[arg-type]
+                dial,
                 size=dial_config.connections,
                 backoff=Backoff(dial_config.backoff_base_s, dial_config.backoff_cap_s),
                 on_usable=self._tunnel_usable,

@@ -79,7 +79,9 @@ def certificate_names(path: Path) -> list[str]:
     except x509.ExtensionNotFound:
         names = []
     if not names:
-        names = [a.value for a in cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)]
+        names = [
+            str(a.value) for a in cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+        ]
     return [str(n) for n in names]
 
 

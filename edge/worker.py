@@ -21,6 +21,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from edge.admission import ConnectionAdmission, RequestRate
 from edge.config import EdgeConfig, ListenerConfig
@@ -319,7 +320,7 @@ class EdgeWorker:
             transfer_ms = round((now - record.first_byte) * 1000, 3)
         if self.access_log is None:
             return
-        extra: dict[str, object] = {"reason": record.reason} if record.reason else {}
+        extra: dict[str, Any] = {"reason": record.reason} if record.reason else {}
         if protocol == "ws":
             extra["ws_close_code"] = record.ws_close_code
             extra["ws_closed_by"] = record.ws_closed_by

@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 # --- pki -----------------------------------------------------------------------------
 
 
-def _add_pki(commands: argparse._SubParsersAction) -> None:
+def _add_pki(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pki_parser = commands.add_parser("pki", help="private CA, server and tunnel certificates")
     sub = pki_parser.add_subparsers(title="pki commands", metavar="PKI_COMMAND", required=True)
 
@@ -162,7 +162,7 @@ def _print_written(paths: pki.CertPaths) -> None:
 # --- wireguard -----------------------------------------------------------------------
 
 
-def _add_wireguard(commands: argparse._SubParsersAction) -> None:
+def _add_wireguard(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     wg_parser = commands.add_parser("wireguard", help="WireGuard keys and configs")
     sub = wg_parser.add_subparsers(title="wireguard commands", metavar="WG_COMMAND", required=True)
 
@@ -242,7 +242,7 @@ def _wg_mesh(args: argparse.Namespace) -> int:
 # --- init, config ---------------------------------------------------------------------
 
 
-def _add_init(commands: argparse._SubParsersAction) -> None:
+def _add_init(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     init = commands.add_parser(
         "init",
         help="write one host's config, units, sysctl file and cloud-init",
@@ -351,7 +351,7 @@ def _write_init(role: str, files: list[host_init.HostFile], args: argparse.Names
     return 0
 
 
-def _add_config(commands: argparse._SubParsersAction) -> None:
+def _add_config(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     config = commands.add_parser("config", help="print the full default config of a daemon")
     config.add_argument(
         "--defaults",

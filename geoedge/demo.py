@@ -38,7 +38,8 @@ from geoedge import assets, pki
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _port_free(port: int) -> bool:
@@ -54,7 +55,7 @@ def _wait_http(url: str, deadline: float, procs: list[subprocess.Popen[bytes]]) 
     while time.monotonic() < deadline:
         for proc in procs:
             if proc.poll() is not None:
-                raise RuntimeError(f"{proc.args[:3]} exited with status {proc.returncode}")
+                raise RuntimeError(f"{proc.args!r} exited with status {proc.returncode}")
         with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as response:
             if response.status == 200:
                 return

@@ -139,7 +139,7 @@ def defaults_toml(role: str) -> str:
 def _render(role: Role, mapping: dict[str, Any], header: str) -> str:
     """Validate ``mapping`` with the daemon's own loader, then render it in full."""
     try:
-        config = config_from_mapping(mapping, load_schema(role), source=f"{role}.toml")
+        config: object = config_from_mapping(mapping, load_schema(role), source=f"{role}.toml")
     except (ConfigError, ValueError) as exc:  # a choice the schema refuses
         raise InitError(str(exc)) from None
     return header + config_to_toml(config)

@@ -284,7 +284,7 @@ class AccessLog:
         clock: Any = time.time,
     ) -> None:
         self.edge_id = edge_id
-        self._path = None if hasattr(target, "write") else os.fspath(target)  # type: ignore[arg-type]
+        self._path = None if hasattr(target, "write") else os.fspath(target)
         self._stream: IO[str] | None = None if self._path else target  # type: ignore[assignment]
         self._fd = -1
         self._closed = False

@@ -121,7 +121,7 @@ def exposition(
     in multiprocess mode a worker cannot delete a series from its value file)."""
     if keep is not None:
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Families(keep(merged_families(registries))))  # type: ignore[arg-type]
+        registry.register(_Families(keep(merged_families(registries))))
         return generate_latest(registry), CONTENT_TYPE_LATEST
     if multiprocess_enabled():
         merged = CollectorRegistry()
@@ -281,7 +281,7 @@ class Tally:
 
     def _bucket(self, key: tuple[Any, Any], histogram: Histogram, seconds: float) -> None:
         counts = self._histograms.get(key)
-        bounds = histogram._upper_bounds  # type: ignore[attr-defined]
+        bounds = histogram._upper_bounds
         if counts is None:
             counts = self._histograms[key] = [0.0] * (len(bounds) + 1)
         counts[bisect.bisect_left(bounds, seconds)] += 1
@@ -298,8 +298,8 @@ class Tally:
             child = _child(histogram, labels)
             for index, count in enumerate(buckets[:-1]):
                 if count:
-                    child._buckets[index].inc(count)  # type: ignore[attr-defined]
-            child._sum.inc(buckets[-1])  # type: ignore[attr-defined]
+                    child._buckets[index].inc(count)
+            child._sum.inc(buckets[-1])
 
 
 def _child(metric: Any, label: str | tuple[str, ...] | None) -> Any:

@@ -165,7 +165,7 @@ def load_ca(ca_dir: str | os.PathLike[str]) -> CertificateAuthority:
         raise PkiError("bad-key", f"{paths.key}: not an unencrypted PEM private key") from exc
     if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
         raise PkiError("bad-key", f"{paths.key}: unsupported key type {type(key).__name__}")
-    if key.public_key().public_numbers() != cert.public_key().public_numbers():
+    if key.public_key() != cert.public_key():
         raise PkiError("key-mismatch", f"{paths.key} is not the key of {paths.cert}")
     return CertificateAuthority(cert=cert, key=key, paths=paths)
 

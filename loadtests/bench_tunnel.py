@@ -210,7 +210,7 @@ async def small_latencies(connection: TunnelConnection, count: int) -> list[floa
     for _ in range(count):
         samples.append(await echo.round_trip())
         await asyncio.sleep(0.002)
-    echo.transport.close()  # type: ignore[attr-defined]
+    echo.transport.close()
     return samples
 
 

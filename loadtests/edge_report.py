@@ -17,11 +17,11 @@ TARGETS = {
 
 
 def best(runs: list[dict[str, Any]]) -> float:
-    return max(run["per_s"] for run in runs)
+    return float(max(run["per_s"] for run in runs))
 
 
 def median_cost(runs: list[dict[str, Any]], unit: str) -> float:
-    return statistics.median(run[f"server_cpu_us_per_{unit}"]["total"] for run in runs)
+    return float(statistics.median(run[f"server_cpu_us_per_{unit}"]["total"] for run in runs))
 
 
 def summarize(details: dict[str, Any]) -> dict[str, Any]:

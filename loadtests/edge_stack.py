@@ -81,7 +81,7 @@ def cpu_seconds(pid: int) -> float:
 
 def tree_cpu_seconds(pids: list[int]) -> float:
     """CPU time of ``pids`` and their live descendants."""
-    total, todo, seen = 0.0, list(pids), set()
+    total, todo, seen = 0.0, list(pids), set[int]()
     while todo and len(seen) < 1000:
         pid = todo.pop()
         if pid in seen:
@@ -272,11 +272,11 @@ backend node
 def wait_port(port: int, deadline: float, proc: subprocess.Popen[bytes], log: Path) -> None:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise StackError(f"{proc.args} exited with {proc.returncode}:\n{tail(log)}")
+            raise StackError(f"{proc.args!r} exited with {proc.returncode}:\n{tail(log)}")
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
             return
         time.sleep(0.05)
-    raise StackError(f"nothing listening on 127.0.0.1:{port} ({proc.args}):\n{tail(log)}")
+    raise StackError(f"nothing listening on 127.0.0.1:{port} ({proc.args!r}):\n{tail(log)}")
 
 
 def wait_healthy(port: int, deadline: float, what: str, log: Path) -> None:
@@ -349,7 +349,7 @@ class Stack:
         finally:
             log.close()
         self.procs[name] = proc
-        return proc
+        return proc  # type: ignore[no-any-return]  # Popen(**kw) is untyped
 
     def pid(self, name: str) -> int:
         return self.procs[name].pid

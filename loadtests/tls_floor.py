@@ -157,7 +157,9 @@ def summarize(details: dict[str, Any]) -> dict[str, Any]:
 
     def median_us(chain: str, process: str) -> float:
         runs = details["runs"][chain]
-        return round(statistics.median(r["server_cpu_us_per_connection"][process] for r in runs), 1)
+        return round(
+            float(statistics.median(r["server_cpu_us_per_connection"][process] for r in runs)), 1
+        )
 
     haproxy = median_us("haproxy", "total")
     floor = median_us("floor", "floor")

@@ -95,7 +95,7 @@ class ProxyHeaderParser:
             raise self._error
         if not isinstance(data, bytes | bytearray):
             data = bytes(data)
-        tail = b""
+        tail: bytes | bytearray = b""
         if self._buffer:
             # Copy no more than can still belong to the header: past the limit it is decided.
             room = self._limit - len(self._buffer)

@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from loadtests.wan import netns
 from loadtests.wan.emulator import WanEmulator
@@ -46,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m loadtests.wan.emulator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="build the WAN and stay in the foreground until Ctrl-C")
-    pairs = {"action": "append"}
+    pairs: dict[str, Any] = {"action": "append"}
     up.add_argument(
         "--delay", metavar="PAIR=MS", help="one-way delay: user-edge=5, user>edge=5", **pairs
     )

@@ -293,7 +293,7 @@ def _run(loop: DelayLoop, config: dict[str, Any]) -> None:
             readable, _, _ = select.select([nfq_fd, 0], [], [], timeout)
             if nfq_fd in readable:
                 reader.left = READ_BATCH
-                nfq.run_socket(reader)
+                nfq.run_socket(reader)  # type: ignore[arg-type]  # it only calls recv()
             if 0 in readable and not _serve_control(loop, pending):
                 break
             loop.release_due()
@@ -428,7 +428,8 @@ class DelayProcess:
                 self._buffer += chunk
         line, _, rest = bytes(self._buffer).partition(b"\n")
         self._buffer[:] = rest
-        return json.loads(line)
+        message: dict[str, Any] = json.loads(line)
+        return message
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Stop the child: close its stdin (it exits on EOF), then SIGTERM/SIGKILL its PID."""

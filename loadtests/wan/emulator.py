@@ -388,8 +388,8 @@ def unsupported_reason(python: str = sys.executable) -> str | None:
             return f"netfilterqueue cannot bind a queue: {done.stderr.strip()[-300:]}"
         for tool in iptables:
             rule = [tool, "-w", "-A", "FORWARD", "-j", "NFQUEUE", "--queue-num", "0"]
-            done = subprocess.run(["ip", "netns", "exec", ns, *rule], capture_output=True)
-            if done.returncode == 0:
+            added = subprocess.run(["ip", "netns", "exec", ns, *rule], capture_output=True)
+            if added.returncode == 0:
                 return None
         return f"the NFQUEUE iptables target does not work ({', '.join(iptables)})"
     except (netns.WanSetupError, OSError, subprocess.TimeoutExpired) as exc:

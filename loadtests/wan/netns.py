@@ -252,7 +252,8 @@ def write_state(tag: str, data: Mapping[str, Any]) -> None:
 
 def read_state(tag: str) -> dict[str, Any] | None:
     try:
-        return json.loads((STATE_DIR / f"{tag}.json").read_text())
+        state: dict[str, Any] = json.loads((STATE_DIR / f"{tag}.json").read_text())
+        return state
     except (OSError, ValueError):
         return None
 

@@ -49,10 +49,10 @@ def build_results(
         "seed_freeagent": SEED,
     }
     for scenario in SCENARIOS:
-        rows = {}
+        rows: dict[str, dict[str, Any]] = {}
         for key in MEASUREMENTS:
             values = list(samples.get(scenario, {}).get(key, []))
-            row = summarize(values, floors[scenario][key])
+            row: dict[str, Any] = dict(summarize(values, floors[scenario][key]))
             row["failed"] = len(errors.get(scenario, {}).get(key, []))
             row["samples_ms"] = [round(v, 2) for v in values]
             if row["failed"]:
@@ -70,7 +70,7 @@ def speedup(results: Mapping[str, Any], key: str) -> float | None:
     direct, edge = results["direct"][key]["p50_ms"], results["edge"][key]["p50_ms"]
     if not direct or not edge:
         return None
-    return round(direct / edge, 2)
+    return round(float(direct) / float(edge), 2)
 
 
 def format_table(results: Mapping[str, Any]) -> str:

@@ -269,8 +269,8 @@ def _workdir(keep: bool) -> Iterator[Path]:
         print(f"logs and configs in {path}")
         yield path
         return
-    with tempfile.TemporaryDirectory(prefix="geoedge-wan-") as path:
-        yield Path(path)
+    with tempfile.TemporaryDirectory(prefix="geoedge-wan-") as name:
+        yield Path(name)
 
 
 def main(argv: list[str] | None = None) -> int:

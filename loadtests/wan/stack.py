@@ -240,7 +240,8 @@ class Stack:
                 f"measuring agent gave no answer ({'exited' if ready else 'timed out'}):\n"
                 + _tail(self.logs / "agent.log")
             )
-        return json.loads(line)
+        answer: dict[str, Any] = json.loads(line)
+        return answer
 
     def locust(self, scenario: str, results: Path, seconds: int, users: int) -> dict[str, Any]:
         """Run locust headless from the user namespace; its CSVs go to ``results``."""

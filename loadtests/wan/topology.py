@@ -228,7 +228,7 @@ def update_link(
         changes["loss"] = float(loss)
     if bandwidth_mbit is not KEEP:
         changes["bandwidth_mbit"] = None if bandwidth_mbit is None else float(bandwidth_mbit)
-    return replace(current, **changes)
+    return replace(current, **changes)  # type: ignore[arg-type]  # each value fits its field
 
 
 def rtt_ms(links: Mapping[DirectedPair, LinkParams], a: str, b: str) -> float:
