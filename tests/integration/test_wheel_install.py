@@ -138,8 +138,16 @@ def test_wheel_carries_the_deployment_files_and_no_node_modules(installed: Insta
             assert wheel.read(packaged + name) == (source / relative).read_bytes(), name
 
 
+def test_wheel_installs_exactly_four_top_level_packages(installed: Installed) -> None:
+    names = zipfile.ZipFile(installed.wheel).namelist()
+    top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert top == {"geoedge", "edge", "origin", "tunnel"}
+
+
 def test_installed_package_is_the_wheel_not_the_checkout(installed: Installed) -> None:
-    probe = installed.run("python", "-c", "import tunnel, edge, origin; print(tunnel.__file__)")
+    probe = installed.run(
+        "python", "-c", "import geoedge, tunnel, edge, origin; print(tunnel.__file__)"
+    )
     assert probe.returncode == 0, probe.stderr
     assert Path(probe.stdout.strip()).is_relative_to(installed.venv)
 
