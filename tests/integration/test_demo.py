@@ -39,9 +39,8 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def test_demo_prints_one_ready_line_serves_and_stops_cleanly() -> None:
-    port = free_port()
-    demo = subprocess.Popen(
+def start_demo(port: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
         [sys.executable, "-m", "geoedge.cli", "demo", "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -49,8 +48,28 @@ def test_demo_prints_one_ready_line_serves_and_stops_cleanly() -> None:
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
+
+
+def first_line(demo: subprocess.Popen[str]) -> str:
+    assert demo.stdout is not None
+    return demo.stdout.readline().strip()
+
+
+def survivors(pids: set[int], timeout_s: float = 10.0) -> set[int]:
+    """The processes of ``pids`` still alive after up to ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = {pid for pid in alive if Path(f"/proc/{pid}").exists()}
+        time.sleep(0.1)
+    return alive
+
+
+def test_demo_prints_one_ready_line_serves_and_stops_cleanly() -> None:
+    port = free_port()
+    demo = start_demo(port)
     try:
-        line = demo.stdout.readline().strip()  # type: ignore[union-attr]
+        line = first_line(demo)
         match = READY.match(line)
         assert match, f"unexpected first line: {line!r}"
         url, ca = match.groups()
@@ -68,11 +87,7 @@ def test_demo_prints_one_ready_line_serves_and_stops_cleanly() -> None:
     finally:
         demo.send_signal(signal.SIGTERM)
         demo.wait(30)
-    deadline = time.monotonic() + 10
-    alive = children
-    while alive and time.monotonic() < deadline:
-        alive = {pid for pid in alive if Path(f"/proc/{pid}").exists()}
-        time.sleep(0.1)
+    alive = survivors(children)
     assert not alive, f"processes left behind: {alive}"
     assert demo.returncode == 0
     assert not Path(ca).exists(), "the throwaway CA was not removed"
@@ -82,17 +97,9 @@ def test_a_second_signal_during_the_stop_still_stops_everything() -> None:
     """``timeout geoedge demo`` under ``pkill``, or Ctrl-C pressed twice: a second
     SIGTERM or SIGINT while the demo stops its processes must not interrupt
     that, leaving Node.js backends behind with a traceback."""
-    port = free_port()
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "geoedge.cli", "demo", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    demo = start_demo(free_port())
     try:
-        line = demo.stdout.readline().strip()  # type: ignore[union-attr]
+        line = first_line(demo)
         assert READY.match(line), f"unexpected first line: {line!r}"
         children = _descendants(demo.pid)
         assert len(children) >= 6
@@ -104,11 +111,7 @@ def test_a_second_signal_during_the_stop_still_stops_everything() -> None:
                 demo.send_signal(sig)
             time.sleep(0.01)
         _, stderr = demo.communicate(timeout=30)
-    deadline = time.monotonic() + 10
-    alive = children
-    while alive and time.monotonic() < deadline:
-        alive = {pid for pid in alive if Path(f"/proc/{pid}").exists()}
-        time.sleep(0.1)
+    alive = survivors(children)
     assert not alive, f"processes left behind: {alive}"
     assert "Traceback" not in stderr, stderr[-2000:]
     assert demo.returncode == 0
