@@ -188,7 +188,7 @@ def test_the_sender_never_exceeds_the_stream_or_connection_window() -> None:
         pair.server.take(pair.server.session.receive_data(out, pair.now), pair.now)
         pair.check_windows()
     received = [len(pair.server.received[sid]) for sid in sids]
-    # all the connection window allows (raised to carry two new streams, §7.5), fairly spread
+    # all the connection window allows (raised to carry two new streams, §N7.3), fairly spread
     assert sum(received) == pair.server.session._recv_window.limit == 128 * KiB
     assert all(n <= 64 * KiB for n in received) and min(received) > 30 * KiB
     assert pair.server.terminated is None
@@ -260,7 +260,7 @@ def test_data_to_send_respects_its_byte_budget_in_whole_frames() -> None:
     assert [len(f[3]) for f in frames] == [65536, 65536]
 
 
-# -- §7.5 auto-tuning and seeding new streams -----------------------------------------
+# -- §N7 auto-tuning and seeding new streams -----------------------------------------
 
 
 def _bulk(pair: SessionPair, sid: int, rounds: int, one_way_s: float) -> list[int]:
@@ -314,7 +314,7 @@ def test_a_standing_queue_shrinks_a_tuned_window() -> None:
 
 
 def test_a_fresh_stream_at_265_ms_carries_768_kb_in_one_round_trip() -> None:
-    """DESIGN.md principle 4 / §7.5: the first stream over a long link starts from
+    """DESIGN.md principle 4 / §N7.4: the first stream over a long link starts from
     min RTT x the assumed rate, not from a small default."""
     pair = SessionPair().establish_with_rtt(0.265)
     client, server = pair.client.session, pair.server.session

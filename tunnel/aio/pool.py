@@ -5,7 +5,7 @@ then dials again after a backoff with full jitter (:class:`tunnel.policy.Backoff
 On GOAWAY the slot redials *at once* while the old connection drains its
 in-flight streams, so new streams always have somewhere to go. New connections
 are seeded with the largest stream window the pool has learned, so a reconnect
-does not forget the path (PROTOCOL.md §7.5).
+does not forget the path (IMPLEMENTATION.md §N7.4).
 """
 
 from __future__ import annotations

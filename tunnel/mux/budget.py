@@ -1,4 +1,4 @@
-"""The per-connection error budget (PROTOCOL.md §8).
+"""The per-connection error budget (PROTOCOL.md §8, IMPLEMENTATION.md §N8.1).
 
 The HTTP/2 denial-of-service patterns (ping floods, settings floods, rapid
 open-then-reset, empty frames, refused streams) are each legal once. What makes

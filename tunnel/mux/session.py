@@ -275,7 +275,7 @@ class Session(InboundFrames):
         self._announce_stream_window()
 
     def stream_window_estimate(self) -> int:
-        """The receive window a new stream starts with (PROTOCOL.md §7.5): the
+        """The receive window a new stream starts with (IMPLEMENTATION.md §N7.4): the
         connection's bandwidth-delay estimate, i.e. the larger of the measured
         minimum RTT times ``initial_rate_bytes_per_s`` and the largest window a
         stream has auto-tuned to; before any RTT sample, the configured

@@ -44,7 +44,7 @@ class SessionConfig:
 
     warm_up_max_bytes: int = 4 * MiB
     """Cap of the PADDING a new connection sends to grow its congestion window
-    (PROTOCOL.md §5.13; :mod:`tunnel.aio.warmup`). It sends up to its
+    (PROTOCOL.md §5.13, IMPLEMENTATION.md §N10; :mod:`tunnel.aio.warmup`). It sends up to its
     bandwidth-delay estimate (TCP RTT x ``initial_rate_bytes_per_s``, 2.1 MiB
     at 265 ms, nothing on a LAN), stopping once the window covers it; 0: never."""
 
@@ -76,7 +76,7 @@ class SessionConfig:
     (STALLED): a peer cannot pin our buffers by never granting credit."""
 
     error_budget: float = 1000.0
-    """Points of suspicious peer behaviour tolerated at once (PROTOCOL.md §8)."""
+    """Points of suspicious peer behaviour tolerated at once (IMPLEMENTATION.md §N8.1)."""
 
     error_budget_refill_per_s: float = 100.0
     """Points the budget regains per second."""
