@@ -549,32 +549,6 @@ def test_errors_carry_their_wire_codes() -> None:
     assert ErrorCode.name_of(0xE) == "NO_BACKEND"
 
 
-# -- the spec and the code cite the same sections ---------------------------------------
-
-
-def test_every_section_the_code_cites_exists_in_the_spec() -> None:
-    import re
-    from pathlib import Path
-
-    import tunnel
-
-    root = Path(tunnel.__file__).parent
-    spec = (root / "PROTOCOL.md").read_text()
-    sections = set(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", spec, flags=re.MULTILINE))
-    assert {"1", "2.1", "3.1", "5.12", "6.6", "7.5", "13"} <= sections
-    cited: dict[str, set[str]] = {}
-    for path in root.rglob("*.py"):
-        text = path.read_text()
-        found = re.findall(r"PROTOCOL\.md §(\d+(?:\.\d+)?)", text)
-        if path.parent.name == "mux":  # bare "§N" in the mux means PROTOCOL.md too
-            found += re.findall(r"(?<!STYLE\.md )(?<!DESIGN\.md )§(\d+(?:\.\d+)?)", text)
-        for section in found:
-            cited.setdefault(section, set()).add(path.name)
-    assert cited, "no citations found"
-    missing = {s: sorted(files) for s, files in cited.items() if s not in sections}
-    assert missing == {}
-
-
 def test_request_fields_appended_to_a_connections_encoding_decode_as_one() -> None:
     from tunnel.mux.metadata import encode_request_fields
 
