@@ -11,19 +11,12 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from geoedge.metrics import MetricSet
+from geoedge.metrics import LATENCY_BUCKETS, MetricSet
 
 __all__ = ["EdgeMetrics"]
 
 NAMESPACE = "geoedge_edge"
 
-#: Request latencies span a few ms (near users, keep-alive) to seconds (far origins);
-#: finer between 50 ms and 1 s, where inter-region round trips fall, so that a
-#: 100-200 ms change moves a quantile (the status page's and the dashboard's).
-_LATENCY_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5,
-    0.6, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0,
-)  # fmt: skip
 _RTT_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5,
     0.75, 1.0, 2.0,
@@ -65,25 +58,25 @@ class EdgeMetrics:
             "request_duration_seconds",
             "Requests from their head to the response's last octet (WebSocket: the session)",
             ("origin", "status_class", "protocol"),
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
         )
         self.first_byte_seconds = m.histogram(
             "upstream_first_byte_seconds",
             "From a request's head to its response's first octet: tunnel, origin and backend",
             ("origin", "protocol"),
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
         )
         self.transfer_seconds = m.histogram(
             "response_transfer_seconds",
             "From a response's first octet to its last (the client's and the tunnel's rate)",
             ("protocol",),
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
         )
         self.tls_handshake_seconds = m.histogram(
             "tls_handshake_seconds",
             "Client TLS handshakes, from accept() to the handshake's end (the user's last mile)",
             ("version",),
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
         )
         self.tunnel_rtt_seconds = m.histogram(
             "tunnel_rtt_seconds",

@@ -48,6 +48,7 @@ from prometheus_client.metrics_core import Metric
 
 __all__ = [
     "ENV_VAR",
+    "LATENCY_BUCKETS",
     "MetricSet",
     "ProcessMetrics",
     "Tally",
@@ -60,6 +61,15 @@ __all__ = [
 ]
 
 ENV_VAR = "PROMETHEUS_MULTIPROC_DIR"
+
+#: Request latencies span a few ms (near users, keep-alive; a backend on the
+#: origin's network) to seconds (far origins); finer between 50 ms and 1 s,
+#: where inter-region round trips fall, so that a 100-200 ms change moves a
+#: quantile (the status page's and the dashboard's). Both daemons use these.
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5,
+    0.6, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
 
 GaugeMode = Literal["livesum", "liveall", "livemax", "livemin", "max", "min", "sum", "all"]
 

@@ -8,17 +8,12 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from geoedge.metrics import MetricSet
+from geoedge.metrics import LATENCY_BUCKETS, MetricSet
 
 __all__ = ["ControlMetrics", "WorkerMetrics"]
 
 NAMESPACE = "geoedge_origin"
 
-#: Backends answer in ms to seconds; the edge's histograms use the same bounds.
-_LATENCY_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5,
-    0.6, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0,
-)  # fmt: skip
 #: Connects on the origin's own network: well under a millisecond to a timeout.
 _LAN_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 1.0, 5.0)
 
@@ -93,7 +88,7 @@ class WorkerMetrics:
             "backend_first_byte_seconds",
             "From a stream's arrival at the origin to the backend's first response octet.",
             by,
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
         )
         self.queue_length = m.gauge(
             "queue_length",
@@ -105,13 +100,13 @@ class WorkerMetrics:
             "queue_seconds",
             "Time streams waited for a backend slot (served or given up).",
             ("pool",),
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
         )
         self.stream_seconds = m.histogram(
             "stream_duration_seconds",
             "Streams from their arrival at the origin to their end (WebSocket: the session).",
             by,
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
         )
 
 
