@@ -7,7 +7,7 @@ here. With uvloop's ``SSLProtocol`` (memory BIOs, a copy of every byte in and
 out, an exception at the end of every read, a close_notify exchange driven
 through both) the edge used 760 µs of CPU per short connection in
 ``make bench-edge`` (full handshake, one request, close; one run); with this transport,
-443 µs. It also takes up to :data:`ACCEPT_BATCH` connections per wake-up and
+443 µs. Its listener (:class:`edge.listener.TlsListener`) takes up to 64 connections per wake-up and
 runs each handshake at once (the ClientHello is usually in already), so more
 work lands in one loop iteration and one tunnel write carries the frames of
 several connections: the origin's CPU per stream fell from 191 µs to 71 µs and
@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import errno
 import fcntl
 import logging
 import socket
@@ -73,8 +72,6 @@ from edge.openssl import mark_shut_down
 
 log = logging.getLogger("geoedge.edge.tls")
 
-#: Connections accepted per wake-up of a listening socket.
-ACCEPT_BATCH = 64
 #: Plaintext octets read per ``SSL_read`` (a TLS record holds at most 16 KiB).
 READ_BYTES = 256 * 1024
 #: Buffered plaintext above which the protocol is asked to pause writing.
@@ -85,10 +82,6 @@ WRITE_LOW_WATER = 16 * 1024
 LINGER_S = 5.0
 #: Without write progress for this long, a connection is aborted.
 SEND_TIMEOUT_S = 60.0
-#: accept() failures that mean "out of descriptors or memory": pause accepting
-#: for ACCEPT_PAUSE_S instead of dying (as trio does), so the rest carries on.
-ACCEPT_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-ACCEPT_PAUSE_S = 0.1
 
 # States. _OPEN carries application data; once close() is called and the queue is
 # empty, _SHUTDOWN sends close_notify (it may wait for writability), _LINGER
@@ -581,92 +574,3 @@ def _handshake_error(exc: BaseException) -> str:
     if isinstance(exc, ssl.SSLEOFError | ConnectionError) or not str(exc):
         return "TLS handshake failed: closed by the client"
     return f"TLS handshake failed: {exc}"
-
-
-class TlsListener:
-    """Accepts on a listening socket (owned by the caller) and starts a
-    :class:`TlsServerTransport` per connection; :meth:`close` stops accepting.
-
-    ``admit(client_ip)``, when given, runs right after ``accept()``: it returns
-    the callable that releases the connection's place (called when its socket
-    closes), or None to refuse it: the socket is closed before any TLS."""
-
-    def __init__(
-        self,
-        sock: socket.socket,
-        context: ssl.SSLContext,
-        factory: Callable[[], asyncio.Protocol],
-        handshake_timeout_s: float,
-        linger_s: float = LINGER_S,
-        send_timeout_s: float = SEND_TIMEOUT_S,
-        admit: Callable[[str], Callable[[], None] | None] | None = None,
-        on_failed: Callable[[Any, str], None] | None = None,
-    ) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._admit = admit
-        self._on_failed = on_failed
-        self._linger_s = linger_s
-        self._send_timeout_s = send_timeout_s
-        self._sock = sock
-        self._context = context
-        self._factory = factory
-        self._handshake_timeout_s = handshake_timeout_s
-        self._closed = False
-        self._resume: asyncio.TimerHandle | None = None
-        sock.setblocking(False)
-        self._loop.add_reader(sock.fileno(), self._accept)
-
-    def _accept(self) -> None:
-        loop, sock = self._loop, self._sock
-        for _ in range(ACCEPT_BATCH):
-            try:
-                conn, peer = sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in ACCEPT_RESOURCE_ERRNOS:
-                    log.error("accept failed (%s); pausing accepts for 100 ms", exc)
-                    loop.remove_reader(sock.fileno())
-                    self._resume = loop.call_later(ACCEPT_PAUSE_S, self._resume_accepting)
-                    return
-                if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
-                    continue
-                raise
-            release = None
-            if self._admit is not None:
-                release = self._admit(peer[0])
-                if release is None:
-                    conn.close()
-                    continue
-            try:
-                conn.setblocking(False)
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                TlsServerTransport(
-                    loop,
-                    conn,
-                    self._context,
-                    self._factory(),
-                    self._handshake_timeout_s,
-                    self._linger_s,
-                    self._send_timeout_s,
-                    release,
-                    self._on_failed,
-                )
-            except OSError as exc:  # reset before we got to it: only this one is lost
-                log.debug("connection lost while being set up: %s", exc)
-                conn.close()
-                if release is not None:
-                    release()
-
-    def _resume_accepting(self) -> None:
-        self._resume = None
-        if not self._closed:
-            self._loop.add_reader(self._sock.fileno(), self._accept)
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._resume is not None:
-            self._resume.cancel()
-        self._loop.remove_reader(self._sock.fileno())

@@ -29,12 +29,11 @@ from edge.deadlines import Deadlines
 from edge.exchange import RequestRecord
 from edge.front_h1 import Http1Connection
 from edge.http1 import HttpLimits
-from edge.listener import is_trusted, serve_proxy_listener
+from edge.listener import Listener, ProxyListener, RedirectListener, TlsListener, is_trusted
 from edge.metrics import EdgeMetrics
 from edge.origins import OriginSet
 from edge.services import ClientConnection, ClientFacts
 from edge.tls import CertificateStore
-from edge.tls_transport import TlsListener
 from geoedge.logs import AccessLog, LogThrottle
 from geoedge.metrics import ProcessMetrics, Tally
 from tunnel.aio.stream import TunnelStream
@@ -78,8 +77,7 @@ class EdgeWorker:
         self._no_connections = asyncio.Event()
         self._no_connections.set()
         self.draining = False
-        self._servers: list[asyncio.Server] = []
-        self._listeners: list[TlsListener] = []
+        self._listeners: list[Listener] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._id_prefix = os.urandom(4).hex()
         self._pid = os.getpid()  # a worker never forks again; getpid is a syscall
@@ -97,45 +95,39 @@ class EdgeWorker:
     # -- life cycle -----------------------------------------------------------------
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
         self.origins.start()
-        tls = self.config.tls
         for listener, sock in self._sockets:
-            if listener is None:  # the plain-HTTP redirect listener
-                server = await loop.create_server(
-                    lambda: Http1Connection(self, trusted=False, scheme="http", redirect=True),
-                    sock=sock,
-                )
-                self._servers.append(server)
-            elif listener.proxy_protocol:
-                self._tasks.append(
-                    asyncio.create_task(
-                        serve_proxy_listener(
-                            sock,
-                            listener,
-                            self.certificates.context_for_alpn(listener.alpn),
-                            tls.handshake_timeout_s,
-                            self._proxied_factory(listener),
-                            lambda peer, reason: self.log_refused(peer, reason, "proxy_refused"),
-                            self.config.http.send_timeout_s,
-                            self.admit,
-                            self._tls_failed,
-                        )
-                    )
-                )
-            else:
-                self._listeners.append(
-                    TlsListener(
-                        sock,
-                        self.certificates.context_for_alpn(listener.alpn),
-                        self._factory(listener),
-                        tls.handshake_timeout_s,
-                        send_timeout_s=self.config.http.send_timeout_s,
-                        admit=self.admit,
-                        on_failed=self._tls_failed,
-                    )
-                )
+            self._listeners.append(self._listen(listener, sock))
         self._tasks.append(asyncio.create_task(self._sweep()))
+
+    def _listen(self, listener: ListenerConfig | None, sock: socket.socket) -> Listener:
+        """Start accepting on ``sock``: its listener's kind of connections."""
+        tls = self.config.tls
+        if listener is None:  # the plain-HTTP redirect listener
+            return RedirectListener(
+                sock, lambda: Http1Connection(self, trusted=False, scheme="http", redirect=True)
+            )
+        if listener.proxy_protocol:
+            return ProxyListener(
+                sock,
+                listener,
+                self.certificates.context_for_alpn(listener.alpn),
+                tls.handshake_timeout_s,
+                self._proxied_factory(listener),
+                lambda peer, reason: self.log_refused(peer, reason, "proxy_refused"),
+                self.config.http.send_timeout_s,
+                self.admit,
+                self._tls_failed,
+            )
+        return TlsListener(
+            sock,
+            self.certificates.context_for_alpn(listener.alpn),
+            self._factory(listener),
+            tls.handshake_timeout_s,
+            send_timeout_s=self.config.http.send_timeout_s,
+            admit=self.admit,
+            on_failed=self._tls_failed,
+        )
 
     def _factory(self, listener: ListenerConfig) -> Callable[[], Http1Connection]:
         """Client connections of a TLS listener (HTTP/1.1, or HTTP/2 by ALPN)."""
@@ -180,10 +172,8 @@ class EdgeWorker:
         if self.draining:
             return
         self.draining = True
-        for server in self._servers:
-            server.close()
-        for tls_listener in self._listeners:
-            tls_listener.close()
+        for accepting in self._listeners:
+            accepting.close()
         for task in self._tasks:
             task.cancel()
         # WebSockets closed at random moments over the window: their clients

@@ -43,8 +43,8 @@ from typing import Any
 import uvloop
 
 from edge.config import CertificateConfig, TlsConfig
+from edge.listener import TlsListener
 from edge.tls import CertificateStore
-from edge.tls_transport import TlsListener
 from geoedge.listening import bind_listener
 from loadtests import edge_stack
 from loadtests.bench_edge import client_prefix, preflight, prepare_process

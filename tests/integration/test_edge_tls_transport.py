@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from edge.tls_transport import WRITE_HIGH_WATER, TlsListener
+from edge.listener import TlsListener
+from edge.tls_transport import WRITE_HIGH_WATER
 from tests.conftest import PkiFiles, run_async
 
 

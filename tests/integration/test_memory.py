@@ -28,7 +28,8 @@ from typing import Any
 
 import pytest
 
-from edge.tls_transport import TlsListener, TlsServerTransport
+from edge.listener import TlsListener
+from edge.tls_transport import TlsServerTransport
 from loadtests.soak_clients import Outcomes, Target, WebSocketBatch, run_short_mix
 from origin.forward import BackendProtocol, Splice
 from tests.conftest import PkiFiles, run_async, scaled
