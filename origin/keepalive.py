@@ -10,7 +10,7 @@ When is a connection reusable? The origin does not parse HTTP, so it relies on
 the edge, which parses both directions: the edge ends a stream with RESET
 ``IDLE`` (PROTOCOL.md §9) only between exchanges, when every request it sent
 was answered in full and both sides kept the connection alive. The origin adds
-the checks only it can make (:meth:`origin.worker.OriginWorker.park`): the
+the checks only it can make (:meth:`origin.dispatch.StreamDispatcher.park`): the
 backend has not closed its side, nothing is still queued to it, the pool sends
 no PROXY header (that header is per client), and the backend is still
 eligible.
