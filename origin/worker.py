@@ -1,7 +1,18 @@
-"""One origin worker: accepts edges' streams, picks a backend, splices.
+"""One origin worker: its lifecycle, the parent's control messages, and the
+parts it is made of.
 
-Per stream, the dispatcher (:class:`origin.dispatch.StreamDispatcher`): the
-tunnel listener hands it every stream; the worker stands in no per-stream path.
+The worker composes small owned parts and stands in no per-stream path: the
+tunnel listener hands every stream straight to the dispatcher.
+
+- :class:`origin.dispatch.StreamDispatcher`: the pools, the streams in flight,
+  the parked backend connections and the pools' queues; per stream, choose a
+  backend, reuse a parked connection or connect, queue under a cap, release;
+- :class:`origin.edges.EdgeConnections`: the edges' tunnel connections and
+  their metrics; GOAWAY on drain;
+- :class:`origin.deadlines.DeadlineSweep`: once a second, reset the streams
+  whose backend is silent past its deadline;
+- :class:`origin.publisher.MetricsPublisher`: once a second, publish the
+  tally, the in-flight gauges and the edges' RTTs to the metrics.
 
 Pool state comes from the parent as snapshots (:mod:`origin.snapshot`) on the
 control pipe, or directly in process (:meth:`OriginWorker.apply_snapshots`).
@@ -15,7 +26,6 @@ abort what is left.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import ssl
@@ -24,29 +34,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from geoedge.logs import AccessLog, LogThrottle, log_event
+from geoedge.logs import AccessLog, log_event
 from geoedge.metrics import ProcessMetrics, Tally
-from origin.admission import TlsAudit, refusal_reason
-from origin.balancer import Backend, BackendPool
+from origin.admission import TlsAudit
+from origin.balancer import BackendPool
 from origin.config import OriginConfig
+from origin.deadlines import DeadlineSweep, stream_deadline
 from origin.dispatch import StreamDispatcher
+from origin.edges import EdgeConnections
 from origin.forward import Splice
 from origin.metrics import WorkerMetrics
+from origin.publisher import MetricsPublisher
 from origin.snapshot import PoolSnapshot, decode_snapshots
-from tunnel.aio.connection import TunnelConnection
-from tunnel.aio.errors import PeerRefused
 from tunnel.aio.transport import serve_tunnel
 
-__all__ = ["OriginWorker", "WorkerStatistics"]
+# stream_deadline lives in origin.deadlines; tests import it from here.
+__all__ = ["OriginWorker", "WorkerStatistics", "stream_deadline"]
 
 log = logging.getLogger("geoedge.origin")
-throttled = LogThrottle(log)
-
-#: How often the edges' RTTs, the tally of per-stream counts and the process'
-#: own gauges are published to the metrics: they are at most this stale.
-PUBLISH_INTERVAL_S = 1.0
-#: How often stream deadlines are checked (their resolution).
-DEADLINE_SWEEP_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,28 +62,15 @@ class WorkerStatistics:
     draining: bool
 
 
-_monotonic = time.monotonic
-
-
-def stream_deadline(
-    settings: PoolSnapshot, status: int, first_byte_at: float, target: str | None
-) -> float:
-    """Seconds of silence a stream's backend is allowed now (0: no deadline).
-
-    Before the response's first octet, ``response_timeout_s`` (counted from the
-    last octet either way, so a slow upload is not the backend's fault); once
-    it has started, ``read_timeout_s``; none after a 101 (a WebSocket's
-    silences are the edge's idle timeout's business) or for a long-poll target."""
-    if status == 101:
-        return 0.0
-    prefixes = settings.long_poll_prefixes
-    if target is not None and prefixes and target.startswith(prefixes):
-        return 0.0
-    return settings.read_timeout_s if first_byte_at else settings.response_timeout_s
-
-
 class OriginWorker:
-    """Serves tunnel streams in one process; see the module docstring."""
+    """Serves tunnel streams in one process; see the module docstring.
+
+    Owns the tunnel listener, the parts (:attr:`dispatcher`, :attr:`edges`,
+    :attr:`deadlines`, :attr:`publisher`) and the drain. Invariants: the
+    parts' timers run from :meth:`start` to the end of the drain; the drain
+    runs once however often :meth:`shutdown` is called; once it has begun,
+    nothing is parked and every edge connection, new or old, gets GOAWAY.
+    """
 
     def __init__(
         self,
@@ -96,18 +88,19 @@ class OriginWorker:
         self.access_log = access_log
         self._loop = asyncio.get_running_loop()
         self._server: asyncio.Server | None = None
-        self._connections: set[TunnelConnection] = set()
         self._draining = False
         self._shutdown_task: asyncio.Task[None] | None = None
-        self._edge_timer: asyncio.TimerHandle | None = None
-        self._publish_due = 0.0
-        self._deadline_timer: asyncio.TimerHandle | None = None
         #: The worker process' own gauges (None in process: the tests' origins).
         self.process_metrics = ProcessMetrics("origin") if process_metrics else None
         #: Per-stream counts, added to the metrics with the edges' RTTs (Tally).
         self.tally = Tally()
         self.dispatcher = StreamDispatcher(
             config.origin.id, self.metrics, self.tally, access_log, clock
+        )
+        self.edges = EdgeConnections(self.metrics)
+        self.deadlines = DeadlineSweep(self.dispatcher, self.metrics, self._loop)
+        self.publisher = MetricsPublisher(
+            self._loop, self.tally, self.dispatcher, self.edges, access_log, self.process_metrics
         )
         self.dispatcher.adopt(snapshots)
 
@@ -122,17 +115,17 @@ class OriginWorker:
     ) -> None:
         """Listen (on the parent's shared ``sock`` in a worker process)."""
         if tls_audit is not None:
-            tls_audit.sink = self._edge_refused
+            tls_audit.sink = self.edges.refused
         self._server = await serve_tunnel(
             self.config.tunnel_listener,
             self.config.tunnel,
             self.dispatcher.on_stream,
-            on_connection=self._on_connection,
+            on_connection=self.edges.on_connection,
             sock=sock,
             ssl_context=ssl_context,
         )
-        self._schedule_publish()
-        self._deadline_timer = self._loop.call_later(DEADLINE_SWEEP_S, self._sweep_deadlines)
+        self.publisher.start()
+        self.deadlines.start()
 
     @property
     def port(self) -> int:
@@ -153,7 +146,8 @@ class OriginWorker:
         if self._server is not None:
             self._server.close()
         dispatcher = self.dispatcher
-        connections = [c for c in self._connections if not c.closed.done()]
+        dispatcher.stop_parking()
+        connections = self.edges.go_away()
         log_event(
             log,
             "info",
@@ -162,14 +156,7 @@ class OriginWorker:
             streams=len(dispatcher.splices),
             drain_timeout_s=drain_timeout_s,
         )
-        dispatcher.stop_parking()
-        for connection in connections:
-            connection.go_away("origin shutting down")
-        if connections:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(drain_timeout_s):
-                    await asyncio.gather(*(c.wait_closed() for c in connections))
-        left = [c for c in connections if not c.closed.done()]
+        left = await self.edges.wait_closed(connections, drain_timeout_s)
         if left or dispatcher.splices:
             log_event(
                 log,
@@ -181,12 +168,10 @@ class OriginWorker:
         for connection in left:
             connection.abort("drain deadline passed")
         dispatcher.cancel_all()
-        if self._edge_timer is not None:
-            self._edge_timer.cancel()
-        if self._deadline_timer is not None:
-            self._deadline_timer.cancel()
+        self.publisher.stop()
+        self.deadlines.stop()
         await asyncio.sleep(0)  # let the aborts' callbacks run
-        self.publish_counts()
+        self.publisher.publish_counts()
         if self.access_log is not None:
             self.access_log.close()
         log.info("worker drained")
@@ -204,106 +189,12 @@ class OriginWorker:
         """Adopt the parent's pools; in-flight streams keep their backends."""
         self.dispatcher.adopt(snapshots)
 
+    # -- views -------------------------------------------------------------------------
+
     @property
     def pools(self) -> dict[str, BackendPool]:
         """The pools by name, as of the last snapshots."""
         return self.dispatcher.pools
-
-    # -- deadlines ---------------------------------------------------------------------
-
-    def _sweep_deadlines(self) -> None:
-        self.check_deadlines(_monotonic())
-        self._deadline_timer = self._loop.call_later(DEADLINE_SWEEP_S, self._sweep_deadlines)
-
-    def check_deadlines(self, now: float) -> None:
-        """Reset the streams whose backend has been silent past its pool's
-        deadline (see :func:`stream_deadline`); called once a second."""
-        pools = self.dispatcher.pools
-        expired = []
-        for splice in self.dispatcher.splices:
-            backend: Backend | None = splice.tag
-            if backend is None or not splice.backend_open:
-                continue
-            pool = pools.get(backend.tag.pool)
-            if pool is None:
-                continue
-            stream = splice.stream
-            target = stream.metadata.target if stream is not None and stream.metadata else None
-            protocol = splice.backend_protocol
-            last_down = protocol.last_active if protocol is not None else 0.0
-            limit = stream_deadline(pool.settings, splice.status, splice.first_byte_at, target)
-            quiet_since = max(splice.last_up, last_down, splice.connected_at)
-            if limit and now - quiet_since > limit:
-                expired.append((splice, pool.name, backend.address))
-        for splice, pool_name, address in expired:
-            self.metrics.stream_failures.labels(pool_name, "TIMEOUT").inc()
-            throttled.warning(
-                "backend %s (pool %s) silent past its deadline: stream reset with TIMEOUT",
-                address,
-                pool_name,
-            )
-            splice.time_out()
-
-    # -- edges -------------------------------------------------------------------------
-
-    def _on_connection(self, connection: TunnelConnection) -> None:
-        connection.established.add_done_callback(
-            lambda future: self._on_established(connection, future)
-        )
-
-    def _on_established(self, connection: TunnelConnection, future: asyncio.Future[None]) -> None:
-        exc = None if future.cancelled() else future.exception()
-        if isinstance(exc, PeerRefused):
-            self._edge_refused(refusal_reason(exc))
-            return
-        if exc is not None or future.cancelled():
-            return
-        identity = connection.info.peer_identity
-        self._connections.add(connection)
-        self.metrics.edges_connected.labels(identity).inc()
-        log_event(
-            log, "info", "edge connected", edge=identity, peer=str(connection.info.peer_address)
-        )
-        if self._draining:
-            connection.go_away("origin shutting down")
-
-        def gone(_: object) -> None:
-            self._connections.discard(connection)
-            self.metrics.edges_connected.labels(identity).dec()
-
-        connection.closed.add_done_callback(gone)
-
-    def _edge_refused(self, reason: str) -> None:
-        self.metrics.edges_refused.labels(reason).inc()
-
-    def _publish(self) -> None:
-        if self.access_log is not None:  # a quiet origin's last lines within seconds
-            self.access_log.flush()
-        rtts: dict[str, float] = {}
-        for connection in self._connections:
-            srtt = connection.srtt_s
-            identity = connection.info.peer_identity
-            if srtt is not None:
-                rtts[identity] = max(rtts.get(identity, 0.0), srtt)
-        for identity, srtt in rtts.items():
-            self.metrics.edge_rtt.labels(identity).set(srtt)
-        self.publish_counts()
-        if self.process_metrics is not None:
-            self.process_metrics.sample(event_loop_lag_s=self._loop.time() - self._publish_due)
-        self._schedule_publish()
-
-    def publish_counts(self) -> None:
-        """Add the tally to the metrics and set the in-flight gauges (at most
-        PUBLISH_INTERVAL_S stale; at once on stop)."""
-        self.tally.publish()
-        for pool in self.dispatcher.pools.values():
-            for backend in pool.backends:
-                if backend.tag is not None:
-                    backend.tag.active.set(backend.active)
-
-    def _schedule_publish(self) -> None:
-        self._publish_due = self._loop.time() + PUBLISH_INTERVAL_S
-        self._edge_timer = self._loop.call_at(self._publish_due, self._publish)
 
     def splices(self) -> tuple[Splice, ...]:
         """The streams in flight (their byte counts, backends and transports)."""
@@ -313,6 +204,6 @@ class OriginWorker:
         return WorkerStatistics(
             streams_total=self.dispatcher.streams_total,
             streams_active=len(self.dispatcher.splices),
-            connections=len(self._connections),
+            connections=len(self.edges),
             draining=self._draining,
         )
