@@ -1,14 +1,21 @@
 """The origin balancer: accepts edges' tunnels, balances their streams over Node.js backends.
 
-Modules, each owning one thing:
+Its shape is the edge's (:mod:`edge`), one module per concern:
 
-- :mod:`origin.config`: the typed ``origin.toml`` schema;
-- :mod:`origin.balancer`: pure decisions (algorithms, slow start, ejection, routing);
-- :mod:`origin.snapshot`: the pool state the parent publishes to its workers;
-- :mod:`origin.state`, :mod:`origin.control`, :mod:`origin.health`,
-  :mod:`origin.discovery`: the control plane (parent process);
-- :mod:`origin.forward`: the stream <-> backend splice (hot path);
-- :mod:`origin.worker`: one worker (routing, connect with retries, drain);
-- :mod:`origin.admission`: refused edges, logged and counted;
-- :mod:`origin.daemon`, :mod:`origin.__main__`: the daemon and its command line.
+- :mod:`origin.__main__`: the command line (``--config``, ``--check``, preflight);
+- :mod:`origin.daemon`: the parent process (listener, supervisor, signals, admin, systemd);
+- the control plane, in the parent: :mod:`origin.control`, :mod:`origin.state`,
+  :mod:`origin.health`, :mod:`origin.discovery`; :mod:`origin.snapshot` is the pool
+  state it publishes to the workers;
+- :mod:`origin.worker`: one worker (its life cycle and control messages), composed of
+  :mod:`origin.edges` (the tunnel connections of the edges), :mod:`origin.dispatch`
+  (per stream: choose a backend, reuse or connect, queue under a cap; with
+  :mod:`origin.pool_queues` and :mod:`origin.queue`), :mod:`origin.deadlines` and
+  :mod:`origin.publisher` (metrics once a second);
+- the connection logic: :mod:`origin.forward` (the stream <-> backend splice, hot
+  path) and :mod:`origin.keepalive` (parked backend connections);
+- pure decisions: :mod:`origin.balancer` (algorithms, slow start, ejection, routing),
+  :mod:`origin.hash_key`;
+- :mod:`origin.config` (the typed ``origin.toml`` schema), :mod:`origin.metrics`,
+  :mod:`origin.admission` (refused edges), :mod:`origin.stream_log`, :mod:`origin.status`.
 """

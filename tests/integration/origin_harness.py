@@ -315,7 +315,7 @@ def metric_values(text: str, name: str) -> dict[str, float]:
 
 def eventually(measure: Callable[[], T], done: Callable[[T], bool], timeout_s: float = 5.0) -> T:
     """Measure until ``done`` (a worker publishes its per-stream counts once a
-    second, origin.worker.PUBLISH_INTERVAL_S): the last measurement either way,
+    second, origin.publisher.PUBLISH_INTERVAL_S): the last measurement either way,
     for the caller's assertion to show."""
     deadline = time.monotonic() + timeout_s
     value = measure()
