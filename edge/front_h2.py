@@ -51,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 
 import h2.errors
 import h2.events
@@ -247,7 +248,7 @@ class Http2Connection(asyncio.Protocol):
         if event.stream_ended is not None and stream_id in session.streams:
             self._on_stream_ended(stream_id)
 
-    def _dispatch(self, stream: ClientStream, events: list[object]) -> None:
+    def _dispatch(self, stream: ClientStream, events: Sequence[object]) -> None:
         for event in events:
             kind = type(event)
             if kind is RequestBodyReceived:

@@ -20,6 +20,7 @@ import h2.settings
 import hpack
 import hyperframe.frame
 
+from edge.exchange import RequestRecord
 from edge.front_h2_stream import ClientStream
 from edge.ledger import OutputLedger
 from edge.services import EdgeServices
@@ -86,7 +87,7 @@ class H2Session:
         "write_paused",
     )
 
-    def __init__(self, services: EdgeServices, ledger: OutputLedger) -> None:
+    def __init__(self, services: EdgeServices, ledger: OutputLedger[RequestRecord]) -> None:
         self.services = services
         self.hsts = services.hsts_field
         self.ledger = ledger

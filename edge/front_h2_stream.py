@@ -50,7 +50,7 @@ class StreamHost(Protocol):
     """What a stream uses of its connection (:class:`edge.front_h2_session.H2Session`)."""
 
     conn: h2.connection.H2Connection
-    ledger: OutputLedger
+    ledger: OutputLedger[RequestRecord]
     hsts: bytes | None
     batching: int
     flush_soon: bool

@@ -20,7 +20,7 @@ import asyncio
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 
 class Logged(Protocol):
@@ -32,12 +32,16 @@ class Logged(Protocol):
     outcome: str
 
 
-class OutputLedger:
-    """One client connection's output count and the requests awaiting their log line."""
+R = TypeVar("R", bound=Logged)
+
+
+class OutputLedger(Generic[R]):
+    """One client connection's output count and the requests awaiting their log
+    line (records of type ``R``, the front end's: what ``log`` is given back)."""
 
     __slots__ = ("_log", "_transport", "_unflushed", "queued")
 
-    def __init__(self, log: Callable[[Logged, int], None]) -> None:
+    def __init__(self, log: Callable[[R, int], None]) -> None:
         # (record, octets of its response the client was sent). ``log`` is the
         # front end's bound method and the front end holds this ledger: held
         # weakly, or every connection would be a reference cycle (and outlive
@@ -46,7 +50,7 @@ class OutputLedger:
         # is left to log once it is gone.
         self._log = weakref.WeakMethod(log)
         self._transport: asyncio.Transport | None = None
-        self._unflushed: deque[Logged] = deque()
+        self._unflushed: deque[R] = deque()
         self.queued = 0
 
     def attach(self, transport: asyncio.Transport) -> None:
@@ -70,7 +74,7 @@ class OutputLedger:
             return record.bytes_out
         return max(0, min(sent - record.out_start, record.bytes_out))
 
-    def done(self, record: Logged, *, flush_now: bool = True) -> None:
+    def done(self, record: R, *, flush_now: bool = True) -> None:
         """``record``'s response is complete here (``out_end`` set): log it once
         it is out of our hands. ``flush_now`` False: the caller has writes still
         batched and calls :meth:`check` after writing them."""
