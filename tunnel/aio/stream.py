@@ -31,17 +31,24 @@ from tunnel.mux import ErrorCode, StreamMetadata
 
 class StreamCarrier(Protocol):
     """What a stream needs of the connection that carries it
-    (:class:`tunnel.aio.connection.TunnelConnection`): its session's stream
-    commands, keyed by stream id. The stream holds no other reference to it."""
+    (:class:`tunnel.aio.connection.TunnelConnection`): its extra info, and to
+    hear when the stream is finished."""
 
     def get_extra_info(self, name: str, default: Any = None) -> Any: ...
-    def _stream_write(self, stream_id: int, data: bytes) -> int: ...
-    def _stream_end(self, stream_id: int) -> None: ...
-    def _stream_reset(self, stream_id: int, error_code: int) -> None: ...
-    def _stream_buffered(self, stream_id: int) -> int: ...
-    def _stream_consumed(self, stream_id: int, n: int) -> None: ...
     def _stream_gone(self, stream_id: int) -> None: ...
-    def _watch_write_pause(self, stream: TunnelStream) -> None: ...
+
+
+class StreamSender(Protocol):
+    """What a stream needs to send (the connection's
+    :class:`tunnel.aio.connection_writer.ConnectionWriter`): its session's
+    stream commands, keyed by stream id, each flushed soon after."""
+
+    def send_data(self, stream_id: int, data: bytes) -> int: ...
+    def end_stream(self, stream_id: int) -> None: ...
+    def reset_stream(self, stream_id: int, error_code: int) -> None: ...
+    def send_buffered(self, stream_id: int) -> int: ...
+    def acknowledge_received_data(self, stream_id: int, n: int) -> None: ...
+    def watch_write_pause(self, stream: TunnelStream) -> None: ...
 
 
 class TunnelStream(asyncio.Transport):
@@ -57,6 +64,7 @@ class TunnelStream(asyncio.Transport):
         "_low_water",
         "_protocol",
         "_reading_paused",
+        "_writer",
         "_writing_paused",
         "metadata",
         "stream_id",
@@ -65,6 +73,7 @@ class TunnelStream(asyncio.Transport):
     def __init__(
         self,
         connection: StreamCarrier,
+        writer: StreamSender,
         stream_id: int,
         metadata: StreamMetadata | None,
         *,
@@ -74,6 +83,7 @@ class TunnelStream(asyncio.Transport):
     ) -> None:
         super().__init__()
         self._connection = connection
+        self._writer = writer
         self.stream_id = stream_id
         self.metadata = metadata
         self._protocol: asyncio.BaseProtocol | None = None
@@ -112,10 +122,10 @@ class TunnelStream(asyncio.Transport):
             return
         if not isinstance(data, bytes):
             data = bytes(data)  # the session keeps a reference: it must not change
-        buffered = self._connection._stream_write(self.stream_id, data)
+        buffered = self._writer.send_data(self.stream_id, data)
         if buffered > self._high_water and not self._writing_paused:
             self._writing_paused = True
-            self._connection._watch_write_pause(self)
+            self._writer.watch_write_pause(self)
             self._protocol.pause_writing()  # type: ignore[union-attr]
 
     def writelines(self, list_of_data: Any) -> None:
@@ -125,7 +135,7 @@ class TunnelStream(asyncio.Transport):
         if self._closed or self._eof_sent:
             return
         self._eof_sent = True
-        self._connection._stream_end(self.stream_id)
+        self._writer.end_stream(self.stream_id)
         self._maybe_finished()
 
     def can_write_eof(self) -> bool:
@@ -140,7 +150,7 @@ class TunnelStream(asyncio.Transport):
         """Reset the stream both ways; queued data is dropped."""
         if self._closed:
             return
-        self._connection._stream_reset(self.stream_id, error_code)
+        self._writer.reset_stream(self.stream_id, error_code)
         self._finish(StreamResetError(error_code, remote=False))
 
     def pause_reading(self) -> None:
@@ -164,7 +174,7 @@ class TunnelStream(asyncio.Transport):
         return b"".join(self._held)
 
     def get_write_buffer_size(self) -> int:
-        return self._connection._stream_buffered(self.stream_id)
+        return self._writer.send_buffered(self.stream_id)
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         if high is not None:
@@ -174,7 +184,7 @@ class TunnelStream(asyncio.Transport):
     def get_write_buffer_limits(self) -> tuple[int, int]:
         return self._low_water, self._high_water
 
-    # -- called by TunnelConnection ------------------------------------------
+    # -- called by TunnelConnection and its ConnectionWriter -------------------
 
     def _on_data(self, data: bytes) -> None:
         if self._reading_paused or self._held:
@@ -183,7 +193,7 @@ class TunnelStream(asyncio.Transport):
             self._deliver(data)
 
     def _deliver(self, data: bytes) -> None:
-        self._connection._stream_consumed(self.stream_id, len(data))
+        self._writer.acknowledge_received_data(self.stream_id, len(data))
         self._protocol.data_received(data)  # type: ignore[union-attr]
 
     def _on_eof(self) -> None:
@@ -201,10 +211,10 @@ class TunnelStream(asyncio.Transport):
         self._finish(StreamResetError(code, remote))
 
     def _on_writable(self) -> bool:
-        """Called after the connection flushed; True when no longer watched."""
+        """Called after the writer flushed; True when no longer watched."""
         if self._closed:
             return True
-        if self._connection._stream_buffered(self.stream_id) <= self._low_water:
+        if self._writer.send_buffered(self.stream_id) <= self._low_water:
             self._writing_paused = False
             self._protocol.resume_writing()  # type: ignore[union-attr]
             return True
