@@ -43,7 +43,6 @@ from tunnel.mux import (
     StreamOpened,
     StreamReset,
 )
-from tunnel.mux.constants import SettingId
 from tunnel.mux.errors import MuxError, SessionClosedError
 
 log = logging.getLogger("geoedge.tunnel")
@@ -303,7 +302,7 @@ class TunnelConnection(asyncio.Protocol):
         if isinstance(event, SessionEstablished):
             if not self.established.done():
                 self.established.set_result(None)
-            self._start_warm_up()
+            self.warm_up = CongestionWarmUp.start(self._writer, self.config)
         elif isinstance(event, GoAwayReceived):
             self.goaway_received = True
             log.info(
@@ -344,37 +343,6 @@ class TunnelConnection(asyncio.Protocol):
                 transport.abort()  # the peer is gone: don't wait on its ACKs
             else:
                 transport.close()
-
-    def _start_warm_up(self) -> None:
-        """Grow this direction's congestion window before streams need it."""
-        transport = self._writer.transport
-        sock = None if transport is None else transport.get_extra_info("socket")
-        if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
-            return
-        config = self.config
-        self.warm_up = CongestionWarmUp(
-            sock,
-            write=self._write_padding,
-            idle=self._idle_for_padding,
-            peer_max_frame_bytes=self.session.peer_settings[SettingId.MAX_FRAME_BYTES],
-            rate_bytes_per_s=config.initial_rate_bytes_per_s,
-            cap_bytes=config.warm_up_max_bytes,
-        )
-
-    def _idle_for_padding(self) -> bool:
-        transport = self._writer.transport
-        return (
-            transport is not None
-            and not self._writer.writing_paused
-            and not self.session.wants_to_send
-            and not self.session.closing
-            and transport.get_write_buffer_size() == 0
-        )
-
-    def _write_padding(self, frame: bytes) -> None:
-        transport = self._writer.transport
-        if transport is not None:
-            transport.write(frame)
 
     # -- drain ---------------------------------------------------------------------
 

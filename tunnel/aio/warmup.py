@@ -38,8 +38,10 @@ import fcntl
 import logging
 import socket
 import struct
-from collections.abc import Callable
 
+from tunnel.aio.connection_writer import ConnectionWriter
+from tunnel.mux import SessionConfig
+from tunnel.mux.constants import SettingId
 from tunnel.mux.frames import encode_padding
 
 __all__ = ["UNSENT_LIMIT_BYTES", "CongestionWarmUp", "warm_up_target"]
@@ -82,10 +84,6 @@ def unsent_bytes(fd: int) -> int:
         return 1 << 30  # unknown: never pad blind
 
 
-def _nothing(*_: object) -> bool:
-    return False
-
-
 def warm_up_target(rtt_s: float, rate_bytes_per_s: int, cap_bytes: int) -> int:
     """The window worth warming to: the bandwidth-delay estimate, capped."""
     return min(cap_bytes, int(rtt_s * rate_bytes_per_s))
@@ -94,30 +92,51 @@ def warm_up_target(rtt_s: float, rate_bytes_per_s: int, cap_bytes: int) -> int:
 class CongestionWarmUp:
     """Pads one connection's sending direction until its window covers the target.
 
-    ``write`` sends bytes on the connection's transport; ``idle`` says the
-    session has nothing queued and the transport buffer is empty.
+    Owns the padding: its target, the octets sent and the tick (every RTT/8)
+    that looks at the socket and writes. Padding goes straight to the
+    transport of the connection's :class:`ConnectionWriter`, and only while
+    that writer is idle: attached, writing not paused, nothing queued in the
+    session, the session not closing and the transport buffer empty.
+
+    Invariants: ``active`` exactly while a tick is scheduled; none is after
+    :meth:`stop`, which the connection calls when its transport is lost. It
+    holds the writer, never the connection.
     """
 
     __slots__ = (
-        "_deadline", "_fd", "_frame", "_idle", "_loop", "_sock", "_started", "_timer", "_write",
+        "_deadline", "_fd", "_frame", "_loop", "_sock", "_started", "_timer", "_writer",
         "sent", "target",
     )  # fmt: skip
 
+    @classmethod
+    def start(cls, writer: ConnectionWriter, config: SessionConfig) -> CongestionWarmUp | None:
+        """Warm the direction ``writer`` sends, once its session is established
+        (the peer's MAX_FRAME_BYTES is known); None unless it runs over TCP."""
+        transport = writer.transport
+        sock = None if transport is None else transport.get_extra_info("socket")
+        if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        return cls(
+            writer,
+            sock,
+            peer_max_frame_bytes=writer.session.peer_settings[SettingId.MAX_FRAME_BYTES],
+            rate_bytes_per_s=config.initial_rate_bytes_per_s,
+            cap_bytes=config.warm_up_max_bytes,
+        )
+
     def __init__(
         self,
+        writer: ConnectionWriter,
         sock: socket.socket,
         *,
-        write: Callable[[bytes], None],
-        idle: Callable[[], bool],
         peer_max_frame_bytes: int,
         rate_bytes_per_s: int,
         cap_bytes: int,
     ) -> None:
         self._loop = asyncio.get_running_loop()
+        self._writer = writer
         self._sock = sock
         self._fd = sock.fileno()
-        self._write = write
-        self._idle = idle
         self._frame = min(FRAME_BYTES, peer_max_frame_bytes)
         self._timer: asyncio.TimerHandle | None = None
         self._started = self._loop.time()
@@ -145,12 +164,28 @@ class CongestionWarmUp:
         )  # fmt: skip
 
     def stop(self) -> None:
-        """Stop padding and let go of the connection (its bound methods would
-        otherwise keep a cycle with it)."""
+        """Stop padding: the connection's transport is gone."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._write = self._idle = _nothing  # type: ignore[assignment]
+
+    def _idle(self) -> bool:
+        """Padding may go out now without delaying a real frame."""
+        writer = self._writer
+        transport = writer.transport
+        session = writer.session
+        return (
+            transport is not None
+            and not writer.writing_paused
+            and not session.wants_to_send
+            and not session.closing
+            and transport.get_write_buffer_size() == 0
+        )
+
+    def _write_padding(self, frame_bytes: int) -> None:
+        transport = self._writer.transport
+        if transport is not None:
+            transport.write(encode_padding(frame_bytes))
 
     def _tick(self) -> None:
         self._timer = None
@@ -169,7 +204,7 @@ class CongestionWarmUp:
             frame = min(self._frame, allowance)
             room = allowance - unsent_bytes(self._fd)
             while room >= frame and self.sent < 2 * self.target:
-                self._write(encode_padding(frame))
+                self._write_padding(frame)
                 self.sent += frame
                 room -= frame + 10
         self._timer = self._loop.call_later(max(TICK_S, rtt_s / 8), self._tick)
