@@ -145,9 +145,11 @@ class ConnectionWriter:
         self.flush()
 
     def detach(self) -> None:
-        """The transport is gone: write nothing more, cancel the timer."""
+        """The transport is gone: write nothing more, cancel the timer, and
+        forget the streams waiting to write (none will be told it can)."""
         self.transport = None
         self._dispatch = None
+        self._write_watch.clear()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
