@@ -130,7 +130,8 @@ class OriginWorker:
     @property
     def port(self) -> int:
         assert self._server is not None
-        return self._server.sockets[0].getsockname()[1]
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
 
     def shutdown(self, drain_timeout_s: float | None = None) -> asyncio.Task[None]:
         """Begin the graceful shutdown; returns its task (the same one if called again)."""
