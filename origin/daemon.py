@@ -106,8 +106,9 @@ class OriginDaemon:
         self.supervisor: Supervisor | None = None
         self.worker: OriginWorker | None = None
         self.admin: AdminServer | None = None
-        self._stop: asyncio.Event | None = None
-        self.ready: asyncio.Event | None = None
+        # Made anew by each run(): a stop() before it does not stop the next run.
+        self._stop = asyncio.Event()
+        self.ready = asyncio.Event()
         # Under systemd only (not in process: tests' origins share the test's env).
         self.notifier = ServiceNotifier({} if in_process else None)
 
@@ -178,8 +179,8 @@ class OriginDaemon:
                 await self.worker.start(
                     sock=self._sock, ssl_context=self._ssl, tls_audit=self._audit
                 )
-                self.ready.set()  # type: ignore[union-attr]
-                await self._stop.wait()  # type: ignore[union-attr]
+                self.ready.set()
+                await self._stop.wait()
                 await self.worker.shutdown()
             else:
                 assert self.supervisor is not None
@@ -192,7 +193,7 @@ class OriginDaemon:
                         alive=lambda: self.supervisor is not None and self.supervisor.running > 0,
                     )
                 )
-                self.ready.set()  # type: ignore[union-attr]
+                self.ready.set()
                 try:
                     await self.supervisor.run()
                 finally:
@@ -243,8 +244,7 @@ class OriginDaemon:
         """Begin the graceful stop (what SIGTERM does)."""
         if self.supervisor is not None:
             self.supervisor.stop()
-        if self._stop is not None:
-            self._stop.set()
+        self._stop.set()
 
     def request_reload(self) -> bool:
         """SIGHUP: re-read the config file's pools (in a task: it may resolve DNS).
@@ -290,8 +290,9 @@ class OriginDaemon:
 
     def _on_worker_exit(self, pid: int, code: int) -> None:
         process_exited(pid)
-        if self.control is not None and not self.supervisor.statistics().stopping:  # type: ignore[union-attr]
-            self.control.metrics.worker_restarts.inc()
+        supervisor, control = self.supervisor, self.control
+        if control is not None and supervisor is not None and not supervisor.statistics().stopping:
+            control.metrics.worker_restarts.inc()
 
     def _parent_fds(self) -> list[int]:
         fd = self.admin.fileno() if self.admin is not None else None
