@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import enum
 
+from tunnel.mux.errors import CalmError
+
 
 class Cost(enum.IntEnum):
     """Points each suspicious event costs."""
@@ -42,3 +44,9 @@ class ErrorBudget:
             self._last = now
         self.tokens -= cost
         return self.tokens >= 0
+
+    def spend(self, cost: float, now: float) -> None:
+        """Spend ``cost`` points; :class:`CalmError` (a connection error) once
+        the budget is exhausted."""
+        if not self.charge(cost, now):
+            raise CalmError("error budget exhausted")
