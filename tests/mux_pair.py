@@ -115,13 +115,13 @@ class Side:
 
 def assert_windows_respected(session: Session) -> None:
     """No receive window of ``session`` holds more than it granted (PROTOCOL.md §7.2)."""
-    window = session._recv_window
+    window = session._credit.window
     assert window.received <= window.limit, "connection window exceeded"
     for stream_id, stream in session._streams.items():
         w = stream.recv_window
         assert w.received <= w.limit, f"stream {stream_id} window exceeded"
         assert stream.send_window >= 0, f"stream {stream_id} send window negative"
-    assert session._send_window >= 0, "connection send window negative"
+    assert session._out.window >= 0, "connection send window negative"
 
 
 class SessionPair:

@@ -76,8 +76,8 @@ def assert_bounded(session: Session) -> None:
     reader = session._reader
     assert reader.buffered <= reader.max_payload + HEADER_SIZE
     assert reader.max_payload == max(CONFIG.max_frame_bytes, 4 + CONFIG.max_metadata_bytes)
-    assert len(session._control) <= CONFIG.max_pending_control_frames + 4  # + GOAWAY, HELLO..
-    assert session._peer_open <= CONFIG.max_concurrent_streams
+    assert len(session._out.control) <= CONFIG.max_pending_control_frames + 4  # + GOAWAY, HELLO..
+    assert session._table.peer_open <= CONFIG.max_concurrent_streams
 
 
 def feed(data: bytes, cuts: list[int], *, client: bool = False, drain_every: int = 3) -> list:

@@ -118,7 +118,7 @@ def test_client_ids_are_odd_server_ids_even_and_both_increase() -> None:
 def test_stream_id_exhaustion_sends_goaway_and_refuses_to_open() -> None:
     pair = SessionPair().establish()
     client = pair.client.session
-    client._next_stream_id = MAX_STREAM_ID  # 2^32 - 1, the last odd id
+    client._table.next_local_id = MAX_STREAM_ID  # 2^32 - 1, the last odd id
     assert client.open_stream(META) == MAX_STREAM_ID
     with pytest.raises(SessionClosedError, match="exhausted"):
         client.open_stream(META)

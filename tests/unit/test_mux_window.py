@@ -189,7 +189,7 @@ def test_the_sender_never_exceeds_the_stream_or_connection_window() -> None:
         pair.check_windows()
     received = [len(pair.server.received[sid]) for sid in sids]
     # all the connection window allows (raised to carry two new streams, §N7.3), fairly spread
-    assert sum(received) == pair.server.session._recv_window.limit == 128 * KiB
+    assert sum(received) == pair.server.session._credit.window.limit == 128 * KiB
     assert all(n <= 64 * KiB for n in received) and min(received) > 30 * KiB
     assert pair.server.terminated is None
 
@@ -301,7 +301,7 @@ def test_a_window_bound_stream_grows_to_the_cap_and_new_streams_start_there() ->
     assert pair.server.session._streams[fresh].send_window == 4 * MiB  # its OPEN said so
     # the learned estimate also reaches streams the *server* opens (SETTINGS, §5.2)
     assert pair.server.session.peer_settings[3] == 4 * MiB
-    assert pair.client.session._recv_window.size >= 2 * 4 * MiB
+    assert pair.client.session._credit.window.size >= 2 * 4 * MiB
 
 
 def test_a_standing_queue_shrinks_a_tuned_window() -> None:

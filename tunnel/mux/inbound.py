@@ -1,16 +1,21 @@
 """The receive side of a :class:`~tunnel.mux.session.Session`: one handler per
-frame type (PROTOCOL.md §5), split from the session so that each module owns
-one thing (the session: commands, output, timers; this: what the peer sent).
+frame type (PROTOCOL.md §5), and what the peer has told us.
 
-A mixin, because the handlers change the session's state directly: the
-attributes they use are declared below for the reader and the type checker,
-and initialised by ``Session.__init__``.
+The session owns an :class:`Inbound` and feeds it the frames its reader cut.
+The handlers act on the session's other parts through their methods: streams
+open and leave through the :class:`~tunnel.mux.stream_table.StreamTable`, the
+peer's credit and our replies go to :class:`~tunnel.mux.outbound.Outbound`, the
+credit we grant is kept by :class:`~tunnel.mux.receive_credit.ReceiveCredit`;
+what happened is reported as events. Ending the connection is the session's:
+a handler raises :class:`ProtocolError`, or records the peer's GOAWAY error.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tunnel.mux import frames
-from tunnel.mux.budget import Cost
+from tunnel.mux.budget import Cost, ErrorBudget
 from tunnel.mux.constants import (
     MAX_GOAWAY_REASON_BYTES,
     MAX_VERSION,
@@ -22,6 +27,7 @@ from tunnel.mux.constants import (
     U32_PAIR,
     ErrorCode,
     Flag,
+    FrameType,
     SettingId,
 )
 from tunnel.mux.errors import (
@@ -43,89 +49,129 @@ from tunnel.mux.events import (
     StreamReset,
 )
 from tunnel.mux.metadata import StreamMetadata
-from tunnel.mux.scheduler import RoundRobin
+from tunnel.mux.outbound import Outbound
+from tunnel.mux.pings import Pings
+from tunnel.mux.reader import RawFrame
+from tunnel.mux.receive_credit import ReceiveCredit
 from tunnel.mux.settings import SessionConfig
 from tunnel.mux.stream import Stream, StreamInput
-from tunnel.mux.window import ReceiveWindow, RttEstimator
+from tunnel.mux.stream_table import StreamTable
+from tunnel.mux.window import ReceiveWindow
 
 _END = int(Flag.END_STREAM)
+_DATA = int(FrameType.DATA)
 _MAX_SETTINGS_PAYLOAD = 4 + 6 * 64
 
 
-class InboundFrames:
-    """Frame handlers; each takes ``(stream_id, flags, payload, now, events)``."""
+class Inbound:
+    """Handles each frame the peer sends; owns what the peer has told us:
+    ``established`` and ``version`` (its HELLO, §3), ``last_peer_id`` (the
+    highest stream id it opened, §6.3), ``goaway_received`` and
+    ``closed_by_peer`` (its GOAWAY, §6.6). Updates ``peer_settings``, the
+    session's dict, in place.
 
-    config: SessionConfig
-    client: bool
-    established: bool
-    version: int | None
-    peer_settings: dict[int, int]
-    rtt: RttEstimator
-    _streams: dict[int, Stream]
-    _control: list[bytes | memoryview]
-    _scheduler: RoundRobin
-    _stalled: dict[int, float]
-    _pings: dict[bytes, float]
-    _recv_window: ReceiveWindow
-    _send_window: int
-    _peer_max_frame: int
-    _announced_stream_window: int
-    _next_stream_id: int
-    _last_peer_stream_id: int
-    _peer_open: int
-    _opened_total: int
-    _goaway_sent: bool
-    _goaway_received: bool
+    Invariants: no frame but HELLO is handled before ``established``; a
+    :class:`StreamError` resets its stream here and costs error budget, siblings
+    carry on; any other :class:`ProtocolError` leaves :meth:`dispatch` for the
+    session to end the connection with. After a GOAWAY with an error code,
+    ``closed_by_peer`` holds its code and reason and :meth:`dispatch` handles no
+    further frame: the session terminates (§6.6).
+    """
 
-    # Provided by Session.
-    def _charge(self, cost: float, now: float) -> None: ...
-    def _queue_control(self, frame: bytes) -> None: ...
-    def _forget(self, stream: Stream) -> None: ...
-    def _send_ping(self, now: float) -> None: ...
-    def _return_connection_credit(self, n: int, now: float) -> None: ...
-    def _announce_stream_window(self) -> None: ...
-    def _terminate(
+    __slots__ = (
+        "_budget",
+        "_client",
+        "_config",
+        "_credit",
+        "_out",
+        "_pings",
+        "_table",
+        "closed_by_peer",
+        "established",
+        "goaway_received",
+        "last_peer_id",
+        "peer_settings",
+        "version",
+    )
+
+    def __init__(
         self,
-        code: int,
-        reason: str,
-        events: list[Event],
+        config: SessionConfig,
         *,
-        remote: bool = False,
-        send_goaway: bool = True,
-    ) -> None: ...
+        client: bool,
+        peer_settings: dict[int, int],
+        table: StreamTable,
+        out: Outbound,
+        credit: ReceiveCredit,
+        pings: Pings,
+        budget: ErrorBudget,
+    ) -> None:
+        self._config = config
+        self._client = client
+        self._table = table
+        self._out = out
+        self._credit = credit
+        self._pings = pings
+        self._budget = budget
+        self.peer_settings = peer_settings
+        self.established = False
+        self.version: int | None = None
+        self.last_peer_id = 0
+        self.goaway_received = False
+        self.closed_by_peer: tuple[int, str] | None = None
+
+    def dispatch(self, raw_frames: list[RawFrame], now: float, events: list[Event]) -> None:
+        """Handle ``raw_frames`` in order, appending what they caused to ``events``."""
+        handlers = _HANDLERS
+        for frame_type, flags, stream_id, payload in raw_frames:
+            if not self.established and frame_type != FrameType.HELLO:
+                raise ProtocolError("first frame is not HELLO")
+            try:
+                if frame_type == _DATA:
+                    self._on_data(stream_id, flags, payload, now, events)
+                else:
+                    handler = handlers.get(frame_type)
+                    if handler is not None:  # unknown types are ignored (§5)
+                        handler(self, stream_id, flags, payload, now, events)
+            except StreamError as exc:
+                self._budget.spend(Cost.STREAM_ERROR, now)
+                self._table.reset(exc.stream_id, exc.code, events, now, remote=False)
+            if self.closed_by_peer is not None:
+                return
 
     def _on_data(
         self, stream_id: int, flags: int, payload: bytes, now: float, events: list[Event]
     ) -> None:
         n = len(payload)
-        if n > self.config.max_frame_bytes:
+        if n > self._config.max_frame_bytes:
             # The reader admits 4 + MAX_METADATA_BYTES for OPEN, which may be more
             # than MAX_FRAME_BYTES; DATA is held to MAX_FRAME_BYTES (§4).
             raise FrameSizeError(f"DATA of {n} octets above MAX_FRAME_BYTES")
         if not n and not flags & _END:
             # Charged whatever the stream: a flood on a closed stream costs too (§8.1).
-            self._charge(Cost.EMPTY_DATA, now)
-        self._recv_window.receive(n)  # connection scope first, whatever the stream (§7.2)
-        stream = self._streams.get(stream_id)
+            self._budget.spend(Cost.EMPTY_DATA, now)
+        credit = self._credit
+        credit.window.receive(n)  # connection scope first, whatever the stream (§7.2)
+        stream = self._table.streams.get(stream_id)
         if stream is None:
             self._check_not_idle(stream_id, "DATA")
-            self._return_connection_credit(n, now)  # closed stream: credit goes back
+            credit.return_credit(n, now)  # closed stream: credit goes back
             return
         if stream.peer_ended:
-            self._return_connection_credit(n, now)
+            credit.return_credit(n, now)
             raise StreamError(stream_id, "DATA after END_STREAM", ErrorCode.STREAM_CLOSED)
         stream.recv_window.receive(n)
         if n:
             stream.received_any = True
             events.append(DataReceived(stream_id, payload))
         if flags & _END:
-            self._peer_end(stream, events)
+            self._peer_end(stream, now, events)
 
-    def _peer_end(self, stream: Stream, events: list[Event]) -> None:
+    def _peer_end(self, stream: Stream, now: float, events: list[Event]) -> None:
         stream.transition(StreamInput.RECV_END)
         events.append(StreamEnded(stream.stream_id))
         if stream.finished:
-            self._forget(stream)
+            self._table.forget(stream, now)
 
     def _on_hello(
         self, stream_id: int, flags: int, payload: bytes, now: float, events: list[Event]
@@ -143,12 +189,15 @@ class InboundFrames:
             raise VersionMismatchError(f"no common version: peer speaks {peer_min}..{peer_max}")
         settings = frames.decode_settings(payload[4:])
         self._validate_peer_settings(settings)
-        self.peer_settings.update(settings)
-        self._peer_max_frame = self.peer_settings[SettingId.MAX_FRAME_BYTES]
-        self._send_window = self.peer_settings[SettingId.INITIAL_CONNECTION_WINDOW]
+        peer_settings = self.peer_settings
+        peer_settings.update(settings)
+        self._out.set_peer_limits(
+            peer_settings[SettingId.INITIAL_CONNECTION_WINDOW],
+            peer_settings[SettingId.MAX_FRAME_BYTES],
+        )
         self.version = version
         self.established = True
-        self._send_ping(now)  # learn the RTT before the first stream needs it
+        self._pings.send(now)  # learn the RTT before the first stream needs it
         events.append(SessionEstablished(version, dict(self.peer_settings)))
 
     @staticmethod
@@ -167,7 +216,7 @@ class InboundFrames:
         _check_connection_frame(stream_id, "SETTINGS")
         if len(payload) % SETTING.size or len(payload) > _MAX_SETTINGS_PAYLOAD:
             raise FrameSizeError("malformed SETTINGS")
-        self._charge(Cost.SETTINGS, now)
+        self._budget.spend(Cost.SETTINGS, now)
         settings = frames.decode_settings(payload)
         self._validate_peer_settings(settings)
         for key, value in settings.items():
@@ -183,47 +232,45 @@ class InboundFrames:
     def _on_open(
         self, stream_id: int, flags: int, payload: bytes, now: float, events: list[Event]
     ) -> None:
-        if stream_id == 0 or (stream_id % 2 == 1) != (not self.client):
+        if stream_id == 0 or (stream_id % 2 == 1) != (not self._client):
             raise ProtocolError(f"OPEN with id {stream_id} of the wrong parity")
-        if stream_id <= self._last_peer_stream_id:
+        if stream_id <= self.last_peer_id:
             raise ProtocolError(f"OPEN reuses or lowers stream id {stream_id}")
         if len(payload) < 4:
             raise FrameSizeError("OPEN shorter than its window field")
-        self._last_peer_stream_id = stream_id
-        if self._goaway_sent or self._peer_open >= self.config.max_concurrent_streams:
-            self._charge(Cost.REFUSED_STREAM, now)
+        self.last_peer_id = stream_id
+        config = self._config
+        table = self._table
+        if self._out.goaway_sent or table.peer_open >= config.max_concurrent_streams:
+            self._budget.spend(Cost.REFUSED_STREAM, now)
             # Through the bounded queue, like every reply the peer provokes (§8.2).
-            self._queue_control(frames.encode_reset(stream_id, ErrorCode.REFUSED_STREAM))
+            self._out.queue_control(frames.encode_reset(stream_id, ErrorCode.REFUSED_STREAM))
             return
         (initial_window,) = U32.unpack_from(payload, 0)
         if initial_window > MAX_WINDOW:
             raise FlowControlError("OPEN window above 2^31-1")
         try:
-            if len(payload) - 4 > self.config.max_metadata_bytes:
+            if len(payload) - 4 > config.max_metadata_bytes:
                 # What we announce as MAX_METADATA_BYTES we enforce (§4, §6.2).
                 raise MetadataError("metadata above our MAX_METADATA_BYTES")
             metadata = StreamMetadata.decode(memoryview(payload)[4:])
         except MetadataError:
-            self._charge(Cost.STREAM_ERROR, now)
-            self._queue_control(frames.encode_reset(stream_id, ErrorCode.METADATA_ERROR))
+            self._budget.spend(Cost.STREAM_ERROR, now)
+            self._out.queue_control(frames.encode_reset(stream_id, ErrorCode.METADATA_ERROR))
             return
-        stream = Stream(
+        stream = table.accept(
             stream_id,
-            local=False,
-            send_window=initial_window,
-            recv_window=ReceiveWindow(
-                self._announced_stream_window,
-                self.config.max_stream_window_bytes,
+            initial_window,
+            ReceiveWindow(
+                self._credit.announced_stream_window,
+                config.max_stream_window_bytes,
                 now,
-                self.config.min_stream_window_bytes,
+                config.min_stream_window_bytes,
             ),
         )
-        self._streams[stream_id] = stream
-        self._peer_open += 1
-        self._opened_total += 1
         events.append(StreamOpened(stream_id, metadata))
         if flags & _END:
-            self._peer_end(stream, events)
+            self._peer_end(stream, now, events)
 
     def _on_window_update(
         self, stream_id: int, flags: int, payload: bytes, now: float, events: list[Event]
@@ -232,13 +279,9 @@ class InboundFrames:
             raise FrameSizeError("WINDOW_UPDATE must carry 4 octets")
         (increment,) = U32.unpack_from(payload, 0)
         if stream_id == 0:
-            if increment == 0:
-                raise ProtocolError("WINDOW_UPDATE of 0 on the connection")
-            self._send_window += increment
-            if self._send_window > MAX_WINDOW:
-                raise FlowControlError("connection window above 2^31-1")
+            self._out.credit_connection(increment)
             return
-        stream = self._streams.get(stream_id)
+        stream = self._table.streams.get(stream_id)
         if stream is None:
             self._check_not_idle(stream_id, "WINDOW_UPDATE")
             return
@@ -248,10 +291,9 @@ class InboundFrames:
         if stream.send_window > MAX_WINDOW:
             raise StreamError(stream_id, "stream window above 2^31-1", ErrorCode.FLOW_CONTROL_ERROR)
         if stream.stall_since is not None:
-            stream.stall_since = None
-            self._stalled.pop(stream_id, None)
+            self._out.unstall(stream)
         if stream.send_buffered or (stream.end_queued and not stream.end_sent):
-            self._scheduler.push(stream_id)
+            self._out.scheduler.push(stream_id)
 
     def _on_reset(
         self, stream_id: int, flags: int, payload: bytes, now: float, events: list[Event]
@@ -260,14 +302,14 @@ class InboundFrames:
             raise FrameSizeError("RESET must carry 4 octets")
         if stream_id == 0:
             raise ProtocolError("RESET on stream 0")
-        stream = self._streams.get(stream_id)
+        stream = self._table.streams.get(stream_id)
         if stream is None:
             self._check_not_idle(stream_id, "RESET")
             return
         if not stream.local and not stream.received_any:
-            self._charge(Cost.RESET_BEFORE_DATA, now)  # rapid-reset pattern (§8)
+            self._budget.spend(Cost.RESET_BEFORE_DATA, now)  # rapid-reset pattern (§8)
         (code,) = U32.unpack_from(payload, 0)
-        self._forget(stream)
+        self._table.forget(stream, now)
         events.append(StreamReset(stream_id, code, remote=True))
 
     def _on_ping(
@@ -276,8 +318,8 @@ class InboundFrames:
         _check_connection_frame(stream_id, "PING")
         if len(payload) != 8:
             raise FrameSizeError("malformed PING")
-        self._charge(Cost.PING, now)
-        self._queue_control(frames.encode_pong(payload))
+        self._budget.spend(Cost.PING, now)
+        self._out.queue_control(frames.encode_pong(payload))
 
     def _on_pong(
         self, stream_id: int, flags: int, payload: bytes, now: float, events: list[Event]
@@ -285,12 +327,9 @@ class InboundFrames:
         _check_connection_frame(stream_id, "PONG")
         if len(payload) != 8:
             raise FrameSizeError("malformed PONG")
-        sent_at = self._pings.pop(payload, None)
-        if sent_at is None:
-            raise ProtocolError("PONG for a PING we did not send")
-        self.rtt.add_sample(now - sent_at)
-        self._announce_stream_window()
-        events.append(PingAcknowledged(now - sent_at))
+        rtt = self._pings.acknowledge(payload, now)
+        self._credit.announce_stream_window()
+        events.append(PingAcknowledged(rtt))
 
     def _on_goaway(
         self, stream_id: int, flags: int, payload: bytes, now: float, events: list[Event]
@@ -300,25 +339,26 @@ class InboundFrames:
             raise FrameSizeError("malformed GOAWAY")
         last_stream_id, code = U32_PAIR.unpack_from(payload, 0)
         reason = payload[8:].decode("utf-8", "replace")
-        self._goaway_received = True
+        self.goaway_received = True
         events.append(GoAwayReceived(last_stream_id, code, reason))
-        for stream in list(self._streams.values()):
+        table = self._table
+        for stream in list(table.streams.values()):
             if stream.local and stream.stream_id > last_stream_id:
-                self._forget(stream)
+                table.forget(stream, now)
                 events.append(StreamReset(stream.stream_id, ErrorCode.REFUSED_STREAM, remote=True))
         if code != ErrorCode.NO_ERROR:
             # The unprocessed streams were refused first (above): REFUSED_STREAM,
             # safe to retry, even when the peer closes with an error (§6.6); the
-            # rest are reset with its code.
-            self._terminate(code, reason, events, remote=True, send_goaway=False)
+            # session resets the rest with its code.
+            self.closed_by_peer = (code, reason)
 
     def _check_not_idle(self, stream_id: int, what: str) -> None:
         """A frame for an unknown stream is fine if the stream existed (it closed
         while the frame was in flight); for a never-opened one it is an error."""
         if stream_id == 0:
             raise ProtocolError(f"{what} on stream 0")
-        local = (stream_id % 2 == 1) == self.client
-        highest = self._next_stream_id - 2 if local else self._last_peer_stream_id
+        local = (stream_id % 2 == 1) == self._client
+        highest = self._table.next_local_id - 2 if local else self.last_peer_id
         if stream_id > highest:
             raise ProtocolError(f"{what} on idle stream {stream_id}")
 
@@ -328,3 +368,20 @@ def _check_connection_frame(stream_id: int, what: str) -> None:
     # PROTOCOL_ERROR, not a size problem.
     if stream_id != 0:
         raise ProtocolError(f"{what} on stream {stream_id}")
+
+
+#: Control frame handlers by type, as plain functions of :class:`Inbound`. Not
+#: bound methods kept on each instance: those would make every session a
+#: reference cycle, left behind by each closed tunnel connection until a full
+#: collection.
+_Handler = Callable[[Inbound, int, int, bytes, float, list[Event]], None]
+_HANDLERS: dict[int, _Handler] = {
+    FrameType.HELLO: Inbound._on_hello,
+    FrameType.SETTINGS: Inbound._on_settings,
+    FrameType.OPEN: Inbound._on_open,
+    FrameType.WINDOW_UPDATE: Inbound._on_window_update,
+    FrameType.RESET: Inbound._on_reset,
+    FrameType.PING: Inbound._on_ping,
+    FrameType.PONG: Inbound._on_pong,
+    FrameType.GOAWAY: Inbound._on_goaway,
+}

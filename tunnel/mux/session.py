@@ -11,55 +11,51 @@ detection and stall detection.
 Error scopes follow PROTOCOL.md §9: a :class:`StreamError` resets one stream and
 costs error budget; any other :class:`ProtocolError` terminates the session with
 GOAWAY. Only the codes travel; exception text stays in our logs.
+
+The session is composed of parts, each owning one concern (as h2 composes
+``WindowManager`` and ``H2Stream``): the :class:`StreamTable` (streams by id,
+ids, counts), :class:`Outbound` (what is queued to send, the connection send
+window, the scheduler, stalls), :class:`ReceiveCredit` (the connection receive
+window, the window new streams start from), :class:`Pings` (PINGs in flight,
+RTT samples), :class:`Inbound` (the frame handlers, what the peer told us) and
+the :class:`ErrorBudget`. The session runs the commands and the timers on them,
+and ends the connection.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from tunnel.mux import frames
 from tunnel.mux.budget import Cost, ErrorBudget
 from tunnel.mux.constants import (
-    HEADER,
-    HEADER_SIZE,
     MAX_STREAM_ID,
     MAX_VERSION,
     MIN_VERSION,
     SETTING_DEFAULTS,
     ErrorCode,
-    Flag,
-    FrameType,
     SettingId,
 )
 from tunnel.mux.errors import (
-    CalmError,
     MetadataError,
     MuxError,
     ProtocolError,
     SessionClosedError,
     StreamClosedError,
-    StreamError,
     StreamLimitError,
 )
-from tunnel.mux.events import (
-    ConnectionTerminated,
-    Event,
-    StreamReset,
-)
-from tunnel.mux.inbound import InboundFrames
+from tunnel.mux.events import ConnectionTerminated, Event, StreamReset
+from tunnel.mux.inbound import Inbound
 from tunnel.mux.metadata import StreamMetadata
+from tunnel.mux.outbound import Outbound
+from tunnel.mux.pings import Pings
 from tunnel.mux.reader import FrameReader, RawFrame
-from tunnel.mux.scheduler import RoundRobin
+from tunnel.mux.receive_credit import ReceiveCredit
 from tunnel.mux.settings import SessionConfig
-from tunnel.mux.stream import Stream, StreamInput, StreamState
+from tunnel.mux.stream import StreamInput
+from tunnel.mux.stream_table import StreamTable
 from tunnel.mux.window import ReceiveWindow, RttEstimator
 
-_END = int(Flag.END_STREAM)
-_DATA = int(FrameType.DATA)
-_pack_header = HEADER.pack
-_MAX_OUTSTANDING_PINGS = 8
 #: RTT measurement PINGs while data flows: at most 20 a second, well inside the
 #: peer's error budget refill (PROTOCOL.md §8).
 _MEASURE_PING_INTERVAL_S = 0.05
@@ -85,49 +81,54 @@ class SessionStatistics:
     closing: bool
 
 
-class Session(InboundFrames):
+class Session:
     """One end of a tunnel connection (PROTOCOL.md). ``client`` is the side that
-    dialed: it allocates odd stream ids, the listener even ones (§6.3)."""
+    dialed: it allocates odd stream ids, the listener even ones (§6.3).
+
+    Owns its parts (see the module docstring), ``peer_settings`` (filled by the
+    peer's HELLO and SETTINGS), ``rtt`` (fed by PONGs, read by window tuning),
+    the keepalive clock (when the peer was last heard, the next PING) and
+    ``terminated``. ``_streams`` is the stream table's dict itself, not a copy:
+    the commands look streams up in it on every call.
+
+    Invariants: every stream open when the session ends is reported reset, in
+    the same call as :class:`ConnectionTerminated`; once ``terminated``, no
+    command changes a stream and no event follows: only what was queued to send
+    (the GOAWAY) still comes out of :meth:`data_to_send`.
+    """
 
     def __init__(
         self, config: SessionConfig, *, client: bool, now: float, learned_window_hint: int = 0
     ) -> None:
         self.config = config
         self.client = client
-        self._streams: dict[int, Stream] = {}
-        self._next_stream_id = 1 if client else 2
-        self._last_peer_stream_id = 0
-        self._local_open = 0
-        self._peer_open = 0
-        self._opened_total = 0
-        self._control: list[bytes | memoryview] = [
-            frames.encode_hello(MIN_VERSION, MAX_VERSION, config.announced_settings())
-        ]
-        self._scheduler = RoundRobin()
-        self._reader = FrameReader(max(config.max_frame_bytes, 4 + config.max_metadata_bytes))
-        self.established = False
-        self.version: int | None = None
         self.peer_settings: dict[int, int] = dict(SETTING_DEFAULTS)
-        self._peer_max_frame = SETTING_DEFAULTS[SettingId.MAX_FRAME_BYTES]
-        self._send_window = 0
-        self._recv_window = ReceiveWindow(
-            config.initial_connection_window_bytes, config.max_connection_window_bytes, now
-        )
-        self._announced_stream_window = config.initial_stream_window_bytes
-        self._learned_window = min(learned_window_hint, config.max_stream_window_bytes)
-        self._budget = ErrorBudget(config.error_budget, config.error_budget_refill_per_s, now)
         self.rtt = RttEstimator()
-        self._pings: dict[bytes, float] = {}
-        self._ping_counter = itertools.count(1)
+        self.terminated = False
+        self._out = Outbound(
+            frames.encode_hello(MIN_VERSION, MAX_VERSION, config.announced_settings()),
+            config.max_pending_control_frames,
+        )
+        self._credit = ReceiveCredit(config, self.rtt, self._out, now, learned_window_hint)
+        self._table = StreamTable(client=client, out=self._out, credit=self._credit)
+        self._streams = self._table.streams
+        self._pings = Pings(self._out, self.rtt)
+        self._budget = ErrorBudget(config.error_budget, config.error_budget_refill_per_s, now)
+        self._inbound = Inbound(
+            config,
+            client=client,
+            peer_settings=self.peer_settings,
+            table=self._table,
+            out=self._out,
+            credit=self._credit,
+            pings=self._pings,
+            budget=self._budget,
+        )
+        self._reader = FrameReader(max(config.max_frame_bytes, 4 + config.max_metadata_bytes))
+        self._bytes_received = 0
         self._last_received = now
         self._next_ping_at = now + config.ping_interval_s
         self._last_measure_ping = now
-        self._stalled: dict[int, float] = {}
-        self._goaway_sent = False
-        self._goaway_received = False
-        self.terminated = False
-        self._bytes_sent = 0
-        self._bytes_received = 0
 
     # ------------------------------------------------------------------ receive
 
@@ -138,73 +139,59 @@ class Session(InboundFrames):
         events: list[Event] = []
         self._last_received = now
         self._bytes_received += len(data)
+        inbound = self._inbound
+        error: ProtocolError | None = None
         try:
-            self._dispatch_frames(self._reader.feed(data), now, events)
+            inbound.dispatch(self._reader.feed(data), now, events)
         except ProtocolError as exc:
+            error = exc
             # Whole frames before a framing fault in the same read are processed
             # first: the first error in byte order wins however the bytes were
             # split (§2.3).
             earlier: list[RawFrame] = getattr(exc, "frames_before", [])
-            if earlier and not self.terminated:
+            if earlier:
                 try:
-                    self._dispatch_frames(earlier, now, events)
+                    inbound.dispatch(earlier, now, events)
                 except ProtocolError as first:
-                    exc = first
-            self._terminate(exc.code, _public_reason(exc.code), events)
+                    error = first
+        closed = inbound.closed_by_peer
+        if closed is not None:  # the peer's GOAWAY error came first (§6.6)
+            self._terminate(closed[0], closed[1], events, remote=True, send_goaway=False)
+        elif error is not None:
+            self._terminate(error.code, _public_reason(error.code), events)
         return events
-
-    def _dispatch_frames(self, raw_frames: list[RawFrame], now: float, events: list[Event]) -> None:
-        handlers = _HANDLERS
-        for frame_type, flags, stream_id, payload in raw_frames:
-            if not self.established and frame_type != FrameType.HELLO:
-                raise ProtocolError("first frame is not HELLO")
-            try:
-                if frame_type == _DATA:
-                    self._on_data(stream_id, flags, payload, now, events)
-                else:
-                    handler = handlers.get(frame_type)
-                    if handler is not None:  # unknown types are ignored (§5)
-                        handler(self, stream_id, flags, payload, now, events)
-            except StreamError as exc:
-                self._charge(Cost.STREAM_ERROR, now)
-                self._reset_and_report(exc.stream_id, exc.code, events, remote=False)
-            if self.terminated:
-                return
 
     # ----------------------------------------------------------------- commands
 
     def open_stream(self, metadata: StreamMetadata | bytes, *, end_stream: bool = False) -> int:
         """Open a stream; DATA may follow at once (0-RTT, PROTOCOL.md §6.1)."""
-        if self.terminated or self._goaway_sent or self._goaway_received:
+        if self.terminated or self._out.goaway_sent or self._inbound.goaway_received:
             raise SessionClosedError("session is closing")
-        if not self.established:
+        if not self._inbound.established:
             raise SessionClosedError("session not established yet")
-        if self._local_open >= self.peer_settings[SettingId.MAX_CONCURRENT_STREAMS]:
+        peer_settings = self.peer_settings
+        table = self._table
+        if table.local_open >= peer_settings[SettingId.MAX_CONCURRENT_STREAMS]:
             raise StreamLimitError("peer's MAX_CONCURRENT_STREAMS reached")
-        stream_id = self._next_stream_id
-        if stream_id > MAX_STREAM_ID:
+        if table.next_local_id > MAX_STREAM_ID:
             self.go_away(ErrorCode.NO_ERROR, "stream ids exhausted")
             raise SessionClosedError("stream ids exhausted")
         encoded = metadata if isinstance(metadata, bytes) else metadata.encode()
-        if len(encoded) > self.peer_settings[SettingId.MAX_METADATA_BYTES]:
+        if len(encoded) > peer_settings[SettingId.MAX_METADATA_BYTES]:
             raise MetadataError("metadata larger than the peer's MAX_METADATA_BYTES")
-        self._next_stream_id += 2
-        window = self.stream_window_estimate()
-        stream = Stream(
-            stream_id,
-            local=True,
-            send_window=self.peer_settings[SettingId.INITIAL_STREAM_WINDOW],
-            recv_window=ReceiveWindow(
+        window = self._credit.stream_window_estimate()
+        config = self.config
+        stream = table.open_local(
+            peer_settings[SettingId.INITIAL_STREAM_WINDOW],
+            ReceiveWindow(
                 window,
-                self.config.max_stream_window_bytes,
+                config.max_stream_window_bytes,
                 self._last_received,
-                self.config.min_stream_window_bytes,
+                config.min_stream_window_bytes,
             ),
         )
-        self._streams[stream_id] = stream
-        self._local_open += 1
-        self._opened_total += 1
-        self._control.append(frames.encode_open(stream_id, window, encoded, end_stream))
+        stream_id = stream.stream_id
+        self._out.control.append(frames.encode_open(stream_id, window, encoded, end_stream))
         if end_stream:
             stream.transition(StreamInput.SEND_END)
             stream.end_sent = True
@@ -225,10 +212,9 @@ class Session(InboundFrames):
         if end_stream and not stream.transition(StreamInput.SEND_END):
             raise StreamClosedError(f"stream {stream_id} already ended locally")
         if stream.send_window > 0 or (end_stream and not stream.send_buffered):
-            self._scheduler.push(stream_id)
+            self._out.scheduler.push(stream_id)
         elif stream.stall_since is None and stream.send_buffered:  # only data waits: a stall
-            stream.stall_since = self._last_received
-            self._stalled[stream_id] = self._last_received
+            self._out.mark_stalled(stream, self._last_received)
 
     def end_stream(self, stream_id: int) -> None:
         """Half-close our side once the queued data is sent."""
@@ -240,8 +226,8 @@ class Session(InboundFrames):
         stream = self._streams.get(stream_id)
         if stream is None or self.terminated:
             return
-        self._forget(stream)
-        self._control.append(frames.encode_reset(stream_id, error_code))
+        self._table.forget(stream, self._last_received)
+        self._out.control.append(frames.encode_reset(stream_id, error_code))
 
     def acknowledge_received_data(self, stream_id: int, n: int, now: float) -> None:
         """The application consumed ``n`` octets of ``stream_id``: return the
@@ -249,83 +235,38 @@ class Session(InboundFrames):
         stream = self._streams.get(stream_id)
         if stream is None or self.terminated:
             return  # a forgotten stream's credit went back when it closed
-        # Never more than was received: an over-ack would grant the peer credit
-        # for memory we do not have (§7.3).
-        n = min(n, stream.recv_window.unconsumed)
+        window = stream.recv_window
+        # Never more than was received (.unconsumed, without its call): an
+        # over-ack would grant the peer credit for memory we do not have (§7.3).
+        n = min(n, window.received - window.consumed)
         if n <= 0:
             return
-        rtt = self.rtt
-        # The connection window is a memory bound, not a rate control: it is
-        # sized from the stream estimate (_announce_stream_window), not tuned.
-        increment = self._recv_window.consume(n, now)
-        if increment:
-            self._control.append(frames.encode_window_update(0, increment))
-        increment = stream.recv_window.consume(n, now, rtt)
+        credit = self._credit
+        credit.return_credit(n, now)
+        increment = window.consume(n, now, self.rtt)
         if increment and not stream.peer_ended:
-            self._control.append(frames.encode_window_update(stream_id, increment))
+            self._out.control.append(frames.encode_window_update(stream_id, increment))
             if now - self._last_measure_ping >= _MEASURE_PING_INTERVAL_S:
                 self._last_measure_ping = now  # keep the delay signal fresh (window.py)
-                self._send_ping(now)
-            if stream.recv_window.size > self._learned_window:
-                self._learn_window(stream.recv_window.size, now)
-
-    def _learn_window(self, size: int, now: float) -> None:
-        """A stream proved the path needs a bigger window: seed new streams with it."""
-        self._learned_window = size
-        self._announce_stream_window()
+                self._pings.send(now)
+            if window.size > credit.learned_window:
+                credit.learn(window.size)
 
     def stream_window_estimate(self) -> int:
-        """The receive window a new stream starts with (IMPLEMENTATION.md §N7.4): the
-        connection's bandwidth-delay estimate, i.e. the larger of the measured
-        minimum RTT times ``initial_rate_bytes_per_s`` and the largest window a
-        stream has auto-tuned to; before any RTT sample, the configured
-        ``initial_stream_window_bytes``. Clamped to the configured bounds."""
-        config = self.config
-        rtt = self.rtt.min
-        if rtt is None:
-            estimate = config.initial_stream_window_bytes
-        else:
-            estimate = int(rtt * config.initial_rate_bytes_per_s)
-        estimate = max(estimate, self._learned_window, config.min_stream_window_bytes)
-        return min(estimate, config.max_stream_window_bytes)
-
-    def _announce_stream_window(self) -> None:
-        """Streams the peer opens start from our announced INITIAL_STREAM_WINDOW;
-        raise it (it may only grow, §5.2) when the estimate has doubled, and make
-        sure the connection window can carry such streams."""
-        target = self.stream_window_estimate()
-        if target >= 2 * self._announced_stream_window:
-            self._announced_stream_window = target
-            self._control.append(frames.encode_settings({SettingId.INITIAL_STREAM_WINDOW: target}))
-        increment = self._recv_window.raise_size(2 * target)
-        if increment:
-            self._control.append(frames.encode_window_update(0, increment))
-
-    def _return_connection_credit(self, n: int, now: float) -> None:
-        if n:
-            increment = self._recv_window.consume(n, now)
-            if increment:
-                self._control.append(frames.encode_window_update(0, increment))
+        """The receive window a new stream starts with (IMPLEMENTATION.md §N7.4); see
+        :meth:`ReceiveCredit.stream_window_estimate`."""
+        return self._credit.stream_window_estimate()
 
     def ping(self, now: float) -> None:
         """Send a PING; its PONG yields :class:`PingAcknowledged` with the RTT."""
         if not self.terminated:
-            self._send_ping(now)
-
-    def _send_ping(self, now: float) -> None:
-        if len(self._pings) >= _MAX_OUTSTANDING_PINGS:
-            return
-        opaque = next(self._ping_counter).to_bytes(8, "big")
-        self._pings[opaque] = now
-        self._control.append(frames.encode_ping(opaque))
+            self._pings.send(now)
 
     def go_away(self, error_code: int = ErrorCode.NO_ERROR, reason: str = "") -> None:
         """Refuse new streams from the peer; streams up to the last one we saw
         may finish (PROTOCOL.md §6.6). Idempotent."""
-        if self.terminated or self._goaway_sent:
-            return
-        self._goaway_sent = True
-        self._control.append(frames.encode_goaway(self._last_peer_stream_id, error_code, reason))
+        if not self.terminated:
+            self._out.go_away(self._inbound.last_peer_id, error_code, reason)
 
     def connection_lost(self, reason: str = "transport closed") -> list[Event]:
         """The transport is gone: every stream is reset, the session is over."""
@@ -339,55 +280,11 @@ class Session(InboundFrames):
     def data_to_send(self, max_data_bytes: int = 256 * 1024) -> list[bytes | memoryview]:
         """Frames to write, for ``writelines``: all control frames, then DATA
         frames round-robin across ready streams up to ``max_data_bytes``."""
-        out: list[bytes | memoryview] = self._control
-        self._control = []
-        if self.terminated or not self.established:
-            self._count_sent(out)
-            return out
-        budget = max_data_bytes
-        scheduler = self._scheduler
-        streams = self._streams
-        max_frame = self._peer_max_frame
-        while budget > 0 and self._send_window > 0:
-            stream_id = scheduler.pop()
-            if stream_id is None:
-                break
-            stream = streams.get(stream_id)
-            if stream is None:
-                continue
-            n = min(stream.send_buffered, stream.send_window, self._send_window, max_frame)
-            # END_STREAM goes out once (§6.4), whether it was sent on OPEN or in
-            # DATA: an empty send_data() after it sends nothing.
-            end = stream.end_queued and not stream.end_sent and n == stream.send_buffered
-            if n == 0 and not end:
-                if stream.send_buffered:  # nothing to send is not a stall
-                    self._mark_stalled(stream)
-                continue
-            chunks = stream.take(n)
-            stream.send_window -= n
-            self._send_window -= n
-            budget -= n + HEADER_SIZE
-            out.append(_pack_header(_DATA, _END if end else 0, stream_id, n))
-            out.extend(chunks)
-            if end:
-                stream.end_sent = True
-                if stream.finished:
-                    self._forget(stream)
-            elif stream.send_buffered:
-                if stream.send_window > 0:
-                    scheduler.push(stream_id)
-                else:
-                    self._mark_stalled(stream)
-        self._count_sent(out)
-        return out
-
-    def _count_sent(self, out: list[bytes | memoryview]) -> None:
-        self._bytes_sent += sum(map(len, out))
-
-    def _mark_stalled(self, stream: Stream) -> None:
-        if stream.stall_since is None:
-            stream.stall_since = self._last_received
-            self._stalled[stream.stream_id] = self._last_received
+        if self.terminated or not self._inbound.established:
+            return self._out.take_control()
+        return self._out.take(
+            max_data_bytes, self._streams, self._table.forget, self._last_received
+        )
 
     def send_buffered(self, stream_id: int) -> int:
         """Octets the application queued on ``stream_id`` not yet sent."""
@@ -396,7 +293,8 @@ class Session(InboundFrames):
 
     @property
     def wants_to_send(self) -> bool:
-        return bool(self._control) or (bool(self._scheduler) and self._send_window > 0)
+        out = self._out
+        return bool(out.control) or (bool(out.scheduler) and out.window > 0)
 
     # -------------------------------------------------------------------- timers
 
@@ -409,62 +307,21 @@ class Session(InboundFrames):
         events: list[Event] = []
         if self.terminated:
             return events
-        if now - self._last_received >= self.config.ping_timeout_s:
+        config = self.config
+        if now - self._last_received >= config.ping_timeout_s:
             self._terminate(ErrorCode.TIMEOUT, "ping timeout", events, send_goaway=True)
             return events
         if now >= self._next_ping_at:
-            if self.established:
-                self._send_ping(now)
-            self._next_ping_at = now + self.config.ping_interval_s
+            if self._inbound.established:
+                self._pings.send(now)
+            self._next_ping_at = now + config.ping_interval_s
             try:
-                self._reset_stalled(now, events)
+                for stream_id in self._out.expired_stalls(now, config.stall_timeout_s):
+                    self._table.reset(stream_id, ErrorCode.STALLED, events, now, remote=False)
+                    self._budget.spend(Cost.STALLED_STREAM, now)
             except ProtocolError as exc:
                 self._terminate(exc.code, _public_reason(exc.code), events)
         return events
-
-    def _reset_stalled(self, now: float, events: list[Event]) -> None:
-        timeout = self.config.stall_timeout_s
-        for stream_id, since in list(self._stalled.items()):
-            if now - since >= timeout:
-                self._reset_and_report(stream_id, ErrorCode.STALLED, events, remote=False)
-                self._charge(Cost.STALLED_STREAM, now)
-
-    # ---------------------------------------------------------------- internals
-
-    def _queue_control(self, frame: bytes) -> None:
-        if len(self._control) >= self.config.max_pending_control_frames:
-            raise CalmError("peer does not read its control replies")
-        self._control.append(frame)
-
-    def _charge(self, cost: float, now: float) -> None:
-        if not self._budget.charge(cost, now):
-            raise CalmError("error budget exhausted")
-
-    def _reset_and_report(
-        self, stream_id: int, code: int, events: list[Event], *, remote: bool
-    ) -> None:
-        stream = self._streams.get(stream_id)
-        self._queue_control(frames.encode_reset(stream_id, code))
-        if stream is not None:
-            self._forget(stream)
-            events.append(StreamReset(stream_id, code, remote=remote))
-
-    def _forget(self, stream: Stream) -> None:
-        """Drop a stream; its unconsumed octets go back to the connection window
-        so a stream that ends unread never leaks connection credit."""
-        stream_id = stream.stream_id
-        if self._streams.pop(stream_id, None) is None:
-            return
-        stream.state = StreamState.CLOSED
-        if stream.local:
-            self._local_open -= 1
-        else:
-            self._peer_open -= 1
-        if stream.stall_since is not None:
-            self._stalled.pop(stream_id, None)
-        unconsumed = stream.recv_window.unconsumed
-        if unconsumed:
-            self._return_connection_credit(unconsumed, self._last_received)
 
     def _terminate(
         self,
@@ -477,21 +334,29 @@ class Session(InboundFrames):
     ) -> None:
         if self.terminated:
             return
-        if send_goaway and not self._goaway_sent:
-            self._goaway_sent = True
-            self._control.append(frames.encode_goaway(self._last_peer_stream_id, code, reason))
-        for stream_id in list(self._streams):
+        if send_goaway:
+            self._out.go_away(self._inbound.last_peer_id, code, reason)
+        for stream_id in self._streams:
             events.append(StreamReset(stream_id, code, remote=remote))
-        self._streams.clear()
-        self._local_open = self._peer_open = 0
+        self._table.clear()
         self.terminated = True
         events.append(ConnectionTerminated(code, reason, remote=remote))
 
     # --------------------------------------------------------------- inspection
 
     @property
+    def established(self) -> bool:
+        """The peer's HELLO has arrived (PROTOCOL.md §3)."""
+        return self._inbound.established
+
+    @property
+    def version(self) -> int | None:
+        """The protocol version agreed in the HELLO exchange, once established."""
+        return self._inbound.version
+
+    @property
     def closing(self) -> bool:
-        return self._goaway_sent or self._goaway_received or self.terminated
+        return self._out.goaway_sent or self._inbound.goaway_received or self.terminated
 
     @property
     def open_streams(self) -> int:
@@ -500,48 +365,34 @@ class Session(InboundFrames):
     @property
     def can_open_stream(self) -> bool:
         return (
-            self.established
+            self._inbound.established
             and not self.closing
-            and self._local_open < self.peer_settings[SettingId.MAX_CONCURRENT_STREAMS]
+            and self._table.local_open < self.peer_settings[SettingId.MAX_CONCURRENT_STREAMS]
         )
 
     @property
     def learned_stream_window(self) -> int:
-        return self._learned_window
+        return self._credit.learned_window
 
     def statistics(self) -> SessionStatistics:
+        table = self._table
+        out = self._out
         return SessionStatistics(
             streams_open=len(self._streams),
-            streams_opened_total=self._opened_total,
-            bytes_sent=self._bytes_sent,
+            streams_opened_total=table.opened_total,
+            bytes_sent=out.bytes_sent,
             bytes_received=self._bytes_received,
             srtt_s=self.rtt.smoothed,
             min_rtt_s=self.rtt.min,
-            learned_stream_window=self._learned_window,
-            connection_send_window=self._send_window,
-            connection_receive_unconsumed=self._recv_window.unconsumed,
+            learned_stream_window=self._credit.learned_window,
+            connection_send_window=out.window,
+            connection_receive_unconsumed=self._credit.window.unconsumed,
             send_buffered=sum(s.send_buffered for s in self._streams.values()),
-            pending_control_frames=len(self._control),
+            pending_control_frames=len(out.control),
             error_budget_left=self._budget.tokens,
-            established=self.established,
+            established=self._inbound.established,
             closing=self.closing,
         )
-
-
-#: Control frame handlers by type, as plain functions of the session. Not bound
-#: methods kept on each session: those would make every session a reference
-#: cycle, left behind by each closed tunnel connection until a full collection.
-_Handler = Callable[["Session", int, int, bytes, float, list[Event]], None]
-_HANDLERS: dict[int, _Handler] = {
-    FrameType.HELLO: Session._on_hello,
-    FrameType.SETTINGS: Session._on_settings,
-    FrameType.OPEN: Session._on_open,
-    FrameType.WINDOW_UPDATE: Session._on_window_update,
-    FrameType.RESET: Session._on_reset,
-    FrameType.PING: Session._on_ping,
-    FrameType.PONG: Session._on_pong,
-    FrameType.GOAWAY: Session._on_goaway,
-}
 
 
 def _public_reason(code: int) -> str:
