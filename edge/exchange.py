@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from edge.exchange_rules import Fault, Step, end_code, on_fault
@@ -42,6 +41,7 @@ from edge.http1 import (
     WebSocketAccepted,
     WebSocketRefused,
 )
+from edge.request_record import RequestRecord
 from edge.ws_frames import CLOSE_GOING_AWAY, FrameTracker, close_frame
 from tunnel.aio.errors import StreamResetError, TunnelError
 from tunnel.mux import ErrorCode
@@ -56,48 +56,6 @@ __all__ = ["Exchange", "ExchangeClient", "ExchangeServices", "RequestRecord"]
 #: Exchange.ws_close_sent: the edge's Close went to the backend / to the client.
 _CLOSE_SENT_UP = 1
 _CLOSE_SENT_DOWN = 2
-
-
-@dataclass(slots=True)
-class RequestRecord:
-    """What the access log says of one request (and what a replay needs)."""
-
-    method: str
-    path: str
-    host: str | None
-    request_id: str
-    started: float
-    protocol: str = "h1"
-    """``h1``, ``h2``; ``ws`` once a WebSocket was accepted."""
-    replay: bytes | None = None
-    """The request's whole bytes when it may be sent again (bodiless, idempotent)."""
-    keep_alive: bool = True
-    bytes_in: int = 0
-    status: int = 0
-    bytes_out: int = 0
-    """Octets of its response written to the client transport (queued)."""
-    out_start: int = -1
-    """Offset of its first response octet in the connection's output
-    (:mod:`edge.ledger`); -1 while nothing of a response went out for it."""
-    out_end: int = -1
-    first_byte: float = 0.0
-    retried: bool = False
-    outcome: str = "ok"
-    reason: str = ""
-    """Why the edge answered, refused or cut it (logs only, never the wire)."""
-    origin: str | None = None
-    user_agent: str | None = None
-    trace_id: str | None = None
-    finished_at: float = 0.0
-    ws_close_code: int | None = None
-    """A WebSocket's: the status code of the first Close frame (1005: none)."""
-    ws_closed_by: str | None = None
-    """Who sent that Close first: ``client``, ``backend`` or ``edge`` (a drain)."""
-
-    @property
-    def answered(self) -> bool:
-        """Some of its response went to the client: an error can only be a cut."""
-        return self.out_start >= 0
 
 
 class ExchangeServices(Protocol):
