@@ -28,6 +28,7 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 from edge.exchange_rules import Fault, Step, end_code, on_fault
+from edge.exchange_wait import TunnelWait, TunnelWaiters
 from edge.http1 import (
     BackendClosed,
     HttpLimits,
@@ -58,8 +59,9 @@ _CLOSE_SENT_UP = 1
 _CLOSE_SENT_DOWN = 2
 
 
-class ExchangeServices(Protocol):
-    """What an exchange needs of its worker (edge.worker.EdgeWorker)."""
+class ExchangeServices(TunnelWaiters, Protocol):
+    """What an exchange needs of its worker (edge.worker.EdgeWorker), a place
+    to wait for a tunnel (:class:`edge.exchange_wait.TunnelWaiters`) included."""
 
     http_limits: HttpLimits
     tunnel_wait_s: float
@@ -68,8 +70,6 @@ class ExchangeServices(Protocol):
     def open_stream(
         self, metadata: bytes, factory: object
     ) -> tuple[str, TunnelStream]: ...  # raises tunnel.aio.errors.TunnelError
-    def wait_for_tunnel(self, waiter: Exchange) -> bool: ...
-    def stop_waiting_for_tunnel(self, waiter: Exchange) -> None: ...
     def count_error(self, reason: str) -> None: ...
     def warn(self, message: str, *args: object) -> None: ...
 
@@ -144,8 +144,7 @@ class Exchange:
         "_binding",
         "_connection_metadata",
         "_head",
-        "_queued_up",
-        "_wait_timer",
+        "_wait",
         "client",
         "finished",
         "reader",
@@ -185,8 +184,7 @@ class Exchange:
         self.reader = ResponseReader(services.http_limits, decode_chunked=decode_chunked)
         self.reader.expect(head.method, self.websocket_key)
         self._binding: _Binding | None = None
-        self._queued_up: list[bytes] | None = None  # before a stream is open
-        self._wait_timer: asyncio.TimerHandle | None = None
+        self._wait: TunnelWait | None = None  # while no tunnel is up
         self.request_whole = False
         self.response_done = False
         self.response_paused = False
@@ -210,14 +208,12 @@ class Exchange:
         if self._open():
             return
         services = self.services
-        if services.draining or not services.wait_for_tunnel(self):
-            self._fault(Fault.NO_TUNNEL, reason="no tunnel to any origin")
+        wait = TunnelWait(services, self._open, self._no_tunnel)
+        if services.draining or not wait.begin(services.tunnel_wait_s):
+            self._no_tunnel()
             return
-        self._queued_up = []
+        self._wait = wait
         self.client.pause_request(self)
-        self._wait_timer = asyncio.get_running_loop().call_later(
-            services.tunnel_wait_s, self._tunnel_wait_expired
-        )
 
     def send_body(self, data: bytes) -> None:
         """Request body octets, as they must reach the backend."""
@@ -329,23 +325,12 @@ class Exchange:
         binding = self._binding
         return None if binding is None else binding.stream
 
-    @property
-    def waiting_for_tunnel(self) -> bool:
-        return self._wait_timer is not None
-
     # -- the tunnel ------------------------------------------------------------------
 
-    def tunnel_ready(self) -> None:
-        """A tunnel connection became usable (edge.origins.OriginSet)."""
-        if self.finished or self._wait_timer is None:
-            return
-        if self._open():
-            self._stop_waiting()
-            self.client.resume_request(self)
-        elif not self.services.wait_for_tunnel(self):
-            self._fault(Fault.NO_TUNNEL, reason="no tunnel to any origin")
-
     def _open(self) -> bool:
+        """Open a stream and send the request up; False when no tunnel is usable.
+        After a wait for a tunnel, what the client sent meanwhile follows the
+        head, the wait ends and the client is read again."""
         binding = _Binding(self)
         try:
             origin, _ = self.services.open_stream(self._connection_metadata, lambda: binding)
@@ -357,30 +342,26 @@ class Exchange:
         assert stream is not None
         if self.response_paused:
             stream.pause_reading()
-        queued, self._queued_up = self._queued_up, None
-        stream.write(self._head if not queued else b"".join([self._head, *queued]))
+        wait = self._wait
+        if wait is None:
+            stream.write(self._head)
+            return True
+        self._wait = None
+        stream.write(b"".join([self._head, *wait.queued]) if wait.queued else self._head)
+        wait.stop()
+        self.client.resume_request(self)
         return True
 
     def _send_up(self, data: bytes) -> None:
         if self.finished or not data:
             return
-        if self._queued_up is not None:
-            self._queued_up.append(data)
+        wait = self._wait
+        if wait is not None:
+            wait.queued.append(data)
             return
         stream = self.stream
         if stream is not None:
             stream.write(data)
-
-    def _tunnel_wait_expired(self) -> None:
-        self._wait_timer = None
-        self.services.stop_waiting_for_tunnel(self)
-        self._fault(Fault.NO_TUNNEL, reason="no tunnel to any origin")
-
-    def _stop_waiting(self) -> None:
-        if self._wait_timer is not None:
-            self._wait_timer.cancel()
-            self._wait_timer = None
-            self.services.stop_waiting_for_tunnel(self)
 
     # -- the response ----------------------------------------------------------------
 
@@ -459,6 +440,9 @@ class Exchange:
 
     # -- endings -----------------------------------------------------------------------
 
+    def _no_tunnel(self) -> None:
+        self._fault(Fault.NO_TUNNEL, reason="no tunnel to any origin")
+
     def _fault(self, fault: Fault, *, code: int | None = None, reason: str) -> None:
         record = self.record
         replayable = record.replay is not None and not record.retried
@@ -506,8 +490,9 @@ class Exchange:
         self._finish()
 
     def _drop_stream(self) -> None:
-        self._stop_waiting()
-        self._queued_up = None
+        wait, self._wait = self._wait, None
+        if wait is not None:
+            wait.stop()
         binding, self._binding = self._binding, None
         stream = None if binding is None else binding.stream
         if stream is not None:
@@ -517,5 +502,4 @@ class Exchange:
         if self.finished:
             return
         self.finished = True
-        self._stop_waiting()
         self.client.exchange_finished(self)
