@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from edge.exchange_rules import Fault, Step, end_code, on_fault
 from edge.exchange_wait import TunnelWait, TunnelWaiters
+from edge.exchange_websocket import WebSocketClose
 from edge.http1 import (
     BackendClosed,
     HttpLimits,
@@ -43,7 +44,7 @@ from edge.http1 import (
     WebSocketRefused,
 )
 from edge.request_record import RequestRecord
-from edge.ws_frames import CLOSE_GOING_AWAY, FrameTracker, close_frame
+from edge.ws_frames import CLOSE_GOING_AWAY, FrameTracker
 from tunnel.aio.errors import StreamResetError, TunnelError
 from tunnel.mux import ErrorCode
 from tunnel.mux.metadata import encode_request_fields
@@ -52,11 +53,6 @@ if TYPE_CHECKING:
     from tunnel.aio.stream import TunnelStream
 
 __all__ = ["Exchange", "ExchangeClient", "ExchangeServices", "RequestRecord"]
-
-
-#: Exchange.ws_close_sent: the edge's Close went to the backend / to the client.
-_CLOSE_SENT_UP = 1
-_CLOSE_SENT_DOWN = 2
 
 
 class ExchangeServices(TunnelWaiters, Protocol):
@@ -157,7 +153,6 @@ class Exchange:
         "upgraded",
         "upstream_active_at",
         "websocket_key",
-        "ws_close_sent",
         "ws_closing",
         "ws_down",
         "ws_up",
@@ -196,10 +191,7 @@ class Exchange:
         # a Close of our own may go. The client's may precede the 101.
         self.ws_up = FrameTracker() if self.websocket_key is not None else None
         self.ws_down: FrameTracker | None = None
-        #: The edge is closing the WebSocket (a drain): a Close to each side at its
-        #: next frame boundary; a side that has had its Close is relayed no more.
-        self.ws_closing = 0
-        self.ws_close_sent = 0  # _CLOSE_SENT_UP | _CLOSE_SENT_DOWN
+        self.ws_closing: WebSocketClose | None = None  # the edge closes it (a drain)
 
     # -- the front end's calls -------------------------------------------------------
 
@@ -222,14 +214,17 @@ class Exchange:
 
     def send_tunnel(self, data: bytes) -> None:
         """Client octets of an upgraded connection (or held behind the handshake)."""
-        self.record.bytes_in += len(data)
-        tracker = self.ws_up
-        if tracker is not None:
-            if self.ws_closing:
-                data = self._until_close(tracker, data, up=True)
-            tracker.feed(data)
-            if tracker.close_code is not None and self.record.ws_closed_by is None:
-                self.record.ws_close_code, self.record.ws_closed_by = tracker.close_code, "client"
+        record = self.record
+        record.bytes_in += len(data)
+        frames = self.ws_up
+        if frames is not None:
+            closing = self.ws_closing
+            if closing is not None:
+                data = closing.until_close(frames, data, to_backend=True)
+            else:
+                frames.feed(data)
+                if frames.close_code is not None and record.ws_closed_by is None:
+                    record.ws_close_code, record.ws_closed_by = frames.close_code, "client"
         self._send_up(data)
 
     def request_complete(self) -> None:
@@ -247,36 +242,16 @@ class Exchange:
         ``code`` to the client and, masked as a client's, to the backend, each at
         its direction's next frame boundary. Then the Close replies end it as
         any close does (the backend ends the stream, the edge the connection)."""
-        if not self.upgraded or self.finished or self.ws_closing:
+        if not self.upgraded or self.finished or self.ws_closing is not None:
             return
-        self.ws_closing = code
+        closing = self.ws_closing = WebSocketClose(code)
         record = self.record
         if record.ws_closed_by is None:
             record.ws_close_code, record.ws_closed_by = code, "edge"
-        self._until_close(self.ws_down, b"", up=False)  # type: ignore[arg-type]
-        self._until_close(self.ws_up, b"", up=True)  # type: ignore[arg-type]
-
-    def _until_close(self, tracker: FrameTracker, data: bytes, *, up: bool) -> bytes:
-        """While closing: relay what of ``data`` finishes the frame in progress,
-        then the Close once at a boundary. Returns what is left to relay the
-        normal way: nothing (after its Close a side is sent no more frames)."""
-        side = _CLOSE_SENT_UP if up else _CLOSE_SENT_DOWN
-        if self.ws_close_sent & side:
-            return b""
-        keep = tracker.until_boundary(data)
-        if keep:
-            tracker.feed(data[:keep])
-            self._relay(data[:keep], up=up)
-        if tracker.at_boundary:
-            self._relay(close_frame(self.ws_closing, masked=up), up=up)
-            self.ws_close_sent |= side
-        return b""
-
-    def _relay(self, data: bytes, *, up: bool) -> None:
-        if up:
-            self._send_up(data)
-        else:
-            self.client.response_data(self, data)
+        to_client = closing.until_close(self.ws_down, b"", to_backend=False)  # type: ignore[arg-type]
+        if to_client:
+            self.client.response_data(self, to_client)
+        self._send_up(closing.until_close(self.ws_up, b"", to_backend=True))  # type: ignore[arg-type]
 
     def cancel(self, outcome: str = "client_closed", reason: str = "") -> None:
         """The client is gone (or the front end gives up): stop, quietly."""
@@ -382,14 +357,16 @@ class Exchange:
         client = self.client
         if kind is ResponseBodyReceived or kind is TunnelBytes:
             data = event.data  # type: ignore[attr-defined]
-            tracker = self.ws_down
-            if tracker is not None:
-                if self.ws_closing:
-                    data = self._until_close(tracker, data, up=False)
-                tracker.feed(data)
-                if tracker.close_code is not None and self.record.ws_closed_by is None:
-                    self.record.ws_close_code = tracker.close_code
-                    self.record.ws_closed_by = "backend"
+            frames = self.ws_down
+            if frames is not None:
+                closing = self.ws_closing
+                if closing is not None:
+                    data = closing.until_close(frames, data, to_backend=False)
+                else:
+                    frames.feed(data)
+                    record = self.record
+                    if frames.close_code is not None and record.ws_closed_by is None:
+                        record.ws_close_code, record.ws_closed_by = frames.close_code, "backend"
             if data:
                 client.response_data(self, data)
         elif kind is ResponseHeadReceived:
