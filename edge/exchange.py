@@ -11,6 +11,17 @@ backend, and how the stream ends (RESET IDLE for a reusable backend
 connection, §6.5.1). The front end keeps only what is its own: the client's
 framing, ordering and flow control, and the writing of bytes.
 
+The exchange is composed of small parts, each owning one responsibility for
+as long as it lasts:
+
+- :class:`edge.exchange_upstream.Upstream`: one open stream and the response
+  read from it (a replay gets a new one);
+- :class:`edge.exchange_wait.TunnelWait`: the wait for a tunnel, while none is up;
+- :class:`edge.exchange_websocket.WebSocketClose`: the edge's Close of a
+  WebSocket (a drain);
+- :mod:`edge.exchange_rules`: the pure decisions (what a fault means, how a
+  stream ends).
+
 The exchange talks back through the :class:`ExchangeClient` interface; it
 calls the front end, never the reverse while a call is in progress, and
 :meth:`ExchangeClient.exchange_finished` is called exactly once, last.
@@ -23,29 +34,17 @@ stream, so its credit stops flowing and the origin stops sending (§7.3).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from edge.exchange_rules import Fault, Step, end_code, on_fault
+from edge.exchange_rules import Fault, Step, on_fault
+from edge.exchange_upstream import Upstream
 from edge.exchange_wait import TunnelWait, TunnelWaiters
 from edge.exchange_websocket import WebSocketClose
-from edge.http1 import (
-    BackendClosed,
-    HttpLimits,
-    RequestHeadReceived,
-    ResponseBodyReceived,
-    ResponseCompleted,
-    ResponseHeadReceived,
-    ResponseInvalid,
-    ResponseReader,
-    TunnelBytes,
-    WebSocketAccepted,
-    WebSocketRefused,
-)
+from edge.http1 import HttpLimits, RequestHeadReceived, ResponseHeadReceived, ResponseReader
 from edge.request_record import RequestRecord
 from edge.ws_frames import CLOSE_GOING_AWAY, FrameTracker
-from tunnel.aio.errors import StreamResetError, TunnelError
+from tunnel.aio.errors import TunnelError
 from tunnel.mux import ErrorCode
 from tunnel.mux.metadata import encode_request_fields
 
@@ -97,64 +96,42 @@ class ExchangeClient(Protocol):
     def exchange_finished(self, exchange: Exchange) -> None: ...
 
 
-class _Binding(asyncio.Protocol):
-    """The protocol of one tunnel stream of an exchange. A replay opens a new
-    stream with a new binding; events of an old one are ignored."""
-
-    __slots__ = ("exchange", "stream")
-
-    def __init__(self, exchange: Exchange) -> None:
-        self.exchange = exchange
-        self.stream: TunnelStream | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.stream = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        if self.exchange._binding is self:
-            self.exchange._upstream_data(data)
-
-    def eof_received(self) -> bool:
-        if self.exchange._binding is self:
-            self.exchange._upstream_eof()
-        return True
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.exchange._binding is self:
-            self.exchange._upstream_lost(exc)
-
-    def pause_writing(self) -> None:
-        if self.exchange._binding is self:
-            self.exchange.client.pause_request(self.exchange)
-
-    def resume_writing(self) -> None:
-        if self.exchange._binding is self:
-            self.exchange.client.resume_request(self.exchange)
-
-
 class Exchange:
-    """One request between a front end and a tunnel stream; see the module docstring."""
+    """One request between a front end and a tunnel stream; see the module docstring.
+
+    Owns the request's way up (its head, the client's WebSocket frames), the
+    record, what a fault means and the one replay, and its parts, each there
+    only while its responsibility lasts: :attr:`upstream` while a stream is
+    open (:class:`edge.exchange_upstream.Upstream`: the response read from
+    it), :attr:`_wait` while no tunnel is up
+    (:class:`edge.exchange_wait.TunnelWait`), :attr:`ws_closing` once the edge
+    closes its WebSocket (:class:`edge.exchange_websocket.WebSocketClose`).
+
+    Invariants: :attr:`upstream` and :attr:`_wait` are never both set, and
+    neither once it is :attr:`finished`; request octets go up in order (held
+    by the wait until a stream opens); the front end hears
+    :meth:`ExchangeClient.exchange_finished` once, last.
+    """
 
     __slots__ = (
         "__weakref__",
-        "_binding",
         "_connection_metadata",
+        "_decode_chunked",
         "_head",
+        "_method",
         "_wait",
         "client",
         "finished",
-        "reader",
         "record",
         "request_whole",
-        "response_done",
         "response_paused",
         "services",
         "tag",
         "upgraded",
+        "upstream",
         "upstream_active_at",
         "websocket_key",
         "ws_closing",
-        "ws_down",
         "ws_up",
     )
 
@@ -172,25 +149,23 @@ class Exchange:
         self.client = client
         self.record = record
         self._head = head.head
+        self._method = head.method
         self.websocket_key = head.websocket_upgrade.key if head.websocket_upgrade else None
         self._connection_metadata = connection_metadata + encode_request_fields(
             head.host, head.request_id, record.method, record.path
         )
-        self.reader = ResponseReader(services.http_limits, decode_chunked=decode_chunked)
-        self.reader.expect(head.method, self.websocket_key)
-        self._binding: _Binding | None = None
+        self._decode_chunked = decode_chunked
+        self.upstream: Upstream | None = None  # while a stream is open
         self._wait: TunnelWait | None = None  # while no tunnel is up
         self.request_whole = False
-        self.response_done = False
         self.response_paused = False
         self.upgraded = False
         self.finished = False
         self.upstream_active_at = time.monotonic()
         self.tag: object = None  # the front end's (HTTP/2: its stream)
-        # A WebSocket's frames each way (edge.ws_frames): how it ended, and where
-        # a Close of our own may go. The client's may precede the 101.
+        # The client's WebSocket frames (edge.ws_frames): how it ended, and where a
+        # Close of our own may go; they may precede the 101 (the backend's: Upstream).
         self.ws_up = FrameTracker() if self.websocket_key is not None else None
-        self.ws_down: FrameTracker | None = None
         self.ws_closing: WebSocketClose | None = None  # the edge closes it (a drain)
 
     # -- the front end's calls -------------------------------------------------------
@@ -233,22 +208,23 @@ class Exchange:
 
     def client_half_closed(self) -> None:
         """The client closed its sending side of an upgraded connection."""
-        stream = self.stream
-        if stream is not None and self.upgraded:
-            stream.write_eof()
+        upstream = self.upstream
+        if upstream is not None and self.upgraded:
+            upstream.stream.write_eof()
 
     def close_websocket(self, code: int = CLOSE_GOING_AWAY) -> None:
         """End an accepted WebSocket from the edge (a drain): a Close with
         ``code`` to the client and, masked as a client's, to the backend, each at
         its direction's next frame boundary. Then the Close replies end it as
         any close does (the backend ends the stream, the edge the connection)."""
-        if not self.upgraded or self.finished or self.ws_closing is not None:
-            return
+        upstream = self.upstream
+        if not self.upgraded or self.ws_closing is not None or upstream is None:
+            return  # (upgraded and not finished: the upstream is there)
         closing = self.ws_closing = WebSocketClose(code)
         record = self.record
         if record.ws_closed_by is None:
             record.ws_close_code, record.ws_closed_by = code, "edge"
-        to_client = closing.until_close(self.ws_down, b"", to_backend=False)  # type: ignore[arg-type]
+        to_client = closing.until_close(upstream.ws_down, b"", to_backend=False)  # type: ignore[arg-type]
         if to_client:
             self.client.response_data(self, to_client)
         self._send_up(closing.until_close(self.ws_up, b"", to_backend=True))  # type: ignore[arg-type]
@@ -261,7 +237,7 @@ class Exchange:
             self.record.outcome = outcome
             self.record.reason = reason
         self._drop_stream()
-        self._finish()
+        self.finish()
 
     def reject(self, status: int, reason: str) -> None:
         """The client broke the rules mid-request: reset the stream at once (the
@@ -276,45 +252,68 @@ class Exchange:
         else:
             record.status = status
             self.client.answer(self, status)
-        self._finish()
+        self.finish()
 
     def time_out(self) -> None:
         """The front end's response deadline passed (edge.deadlines)."""
-        self._fault(Fault.TIMEOUT, reason="response timeout")
+        self.fail(Fault.TIMEOUT, reason="response timeout")
 
     def pause_response(self) -> None:
         self.response_paused = True
-        stream = self.stream
-        if stream is not None:
-            stream.pause_reading()
+        upstream = self.upstream
+        if upstream is not None:
+            upstream.stream.pause_reading()
 
     def resume_response(self) -> None:
         self.response_paused = False
         self.upstream_active_at = time.monotonic()  # the wait was the client's
-        stream = self.stream
-        if stream is not None:
-            stream.resume_reading()
+        upstream = self.upstream
+        if upstream is not None:
+            upstream.stream.resume_reading()
 
-    @property
-    def stream(self) -> TunnelStream | None:
-        binding = self._binding
-        return None if binding is None else binding.stream
+    # -- its parts' calls ----------------------------------------------------------------
 
-    # -- the tunnel ------------------------------------------------------------------
+    def fail(self, fault: Fault, *, code: int | None = None, reason: str) -> None:
+        """What ``fault`` means (edge.exchange_rules.on_fault): replay the
+        request once on a fresh stream, else answer or cut, and finish."""
+        record = self.record
+        replayable = record.replay is not None and not record.retried
+        action = on_fault(fault, code=code, answered=record.answered, replayable=replayable)
+        if action.step is Step.REPLAY and self._replay():
+            return
+        self.services.count_error(action.outcome)
+        self.services.warn("%s for %s %s: %s", action.outcome, record.method, record.path, reason)
+        record.outcome, record.reason = action.outcome, reason
+        self._drop_stream()
+        if action.step is Step.CLOSE:
+            self.client.cut(self)
+        else:
+            record.status = action.status
+            self.client.answer(self, action.status)
+        self.finish()
+
+    def finish(self) -> None:
+        """The exchange is over: the front end hears it, once."""
+        if self.finished:
+            return
+        self.finished = True
+        self.client.exchange_finished(self)
+
+    # -- the stream ------------------------------------------------------------------
 
     def _open(self) -> bool:
         """Open a stream and send the request up; False when no tunnel is usable.
         After a wait for a tunnel, what the client sent meanwhile follows the
         head, the wait ends and the client is read again."""
-        binding = _Binding(self)
+        reader = ResponseReader(self.services.http_limits, decode_chunked=self._decode_chunked)
+        reader.expect(self._method, self.websocket_key)
+        upstream = Upstream(self, reader)
         try:
-            origin, _ = self.services.open_stream(self._connection_metadata, lambda: binding)
+            origin, stream = self.services.open_stream(self._connection_metadata, lambda: upstream)
         except TunnelError:
             return False
-        self._binding = binding
+        self.upstream = upstream
         self.record.origin = origin
-        stream = binding.stream
-        assert stream is not None
         if self.response_paused:
             stream.pause_reading()
         wait = self._wait
@@ -330,112 +329,14 @@ class Exchange:
     def _send_up(self, data: bytes) -> None:
         if self.finished or not data:
             return
-        wait = self._wait
-        if wait is not None:
-            wait.queued.append(data)
-            return
-        stream = self.stream
-        if stream is not None:
-            stream.write(data)
-
-    # -- the response ----------------------------------------------------------------
-
-    def _upstream_data(self, data: bytes) -> None:
-        self.upstream_active_at = time.monotonic()
-        client = self.client
-        client.writes_begin()
-        try:
-            for event in self.reader.feed(data):
-                if self.finished:
-                    return
-                self._on_response_event(event)
-        finally:
-            client.writes_end()
-
-    def _on_response_event(self, event: object) -> None:
-        kind = type(event)
-        client = self.client
-        if kind is ResponseBodyReceived or kind is TunnelBytes:
-            data = event.data  # type: ignore[attr-defined]
-            frames = self.ws_down
-            if frames is not None:
-                closing = self.ws_closing
-                if closing is not None:
-                    data = closing.until_close(frames, data, to_backend=False)
-                else:
-                    frames.feed(data)
-                    record = self.record
-                    if frames.close_code is not None and record.ws_closed_by is None:
-                        record.ws_close_code, record.ws_closed_by = frames.close_code, "backend"
-            if data:
-                client.response_data(self, data)
-        elif kind is ResponseHeadReceived:
-            record = self.record
-            if not record.first_byte:
-                record.first_byte = time.monotonic()
-            if event.status >= 200:  # type: ignore[attr-defined]
-                record.status = event.status  # type: ignore[attr-defined]
-            client.response_head(self, event)  # type: ignore[arg-type]
-        elif kind is ResponseCompleted:
-            self.response_done = True
-            client.response_complete(self, event.close_after)  # type: ignore[attr-defined]
-            self._end_stream()
-        elif kind is WebSocketAccepted:
-            self.upgraded = True
-            self.ws_down = FrameTracker()
-            self.record.protocol = "ws"
-            self.record.status = 101
-            client.upgraded(self)
-        elif kind is WebSocketRefused:
-            self._fault(Fault.INVALID, reason="backend answered the upgrade with a bad handshake")
-        elif kind is ResponseInvalid:
-            self._fault(Fault.INVALID, reason=f"invalid response: {event.reason}")  # type: ignore[attr-defined]
-        elif kind is BackendClosed and (event.before_response or event.mid_response):  # type: ignore[attr-defined]
-            self._fault(Fault.BACKEND_CLOSED, reason="backend closed its connection")
-
-    def _upstream_eof(self) -> None:
-        if self.upgraded:
-            self.client.upstream_ended(self)
-            return
-        for event in self.reader.feed_eof():
-            if self.finished:
-                return
-            self._on_response_event(event)
-
-    def _upstream_lost(self, exc: Exception | None) -> None:
-        if self.finished:
-            return
-        self._binding = None
-        if exc is None:  # ended both ways: an upgraded stream, or a close-delimited body
-            if not self.response_done and not self.upgraded:
-                self._fault(Fault.BACKEND_CLOSED, reason="stream ended without a response")
-                return
-            self._finish()
-            return
-        code = exc.code if isinstance(exc, StreamResetError) else ErrorCode.INTERNAL_ERROR
-        self._fault(Fault.RESET, code=code, reason=f"stream reset: {ErrorCode.name_of(code)}")
-
-    # -- endings -----------------------------------------------------------------------
+        upstream = self.upstream
+        if upstream is not None:
+            upstream.stream.write(data)
+        elif self._wait is not None:
+            self._wait.queued.append(data)
 
     def _no_tunnel(self) -> None:
-        self._fault(Fault.NO_TUNNEL, reason="no tunnel to any origin")
-
-    def _fault(self, fault: Fault, *, code: int | None = None, reason: str) -> None:
-        record = self.record
-        replayable = record.replay is not None and not record.retried
-        action = on_fault(fault, code=code, answered=record.answered, replayable=replayable)
-        if action.step is Step.REPLAY and self._replay():
-            return
-        self.services.count_error(action.outcome)
-        self.services.warn("%s for %s %s: %s", action.outcome, record.method, record.path, reason)
-        record.outcome, record.reason = action.outcome, reason
-        self._drop_stream()
-        if action.step is Step.CLOSE:
-            self.client.cut(self)
-        else:
-            record.status = action.status
-            self.client.answer(self, action.status)
-        self._finish()
+        self.fail(Fault.NO_TUNNEL, reason="no tunnel to any origin")
 
     def _replay(self) -> bool:
         """Send the request again on a fresh stream (nothing of it was answered)."""
@@ -443,40 +344,17 @@ class Exchange:
         self._drop_stream()
         record.retried = True
         self._head = record.replay  # type: ignore[assignment]
-        self.reader = ResponseReader(self.services.http_limits, decode_chunked=self.reader._decode)
-        method = record.method.encode("latin-1")
-        self.reader.expect(method, self.websocket_key)
         if not self._open():
             return False
         self.services.count_error("replayed")
         return True
 
-    def _end_stream(self) -> None:
-        """The response is complete: end the stream so the origin may reuse the
-        backend connection when it can (exchange_rules.end_code)."""
-        binding, self._binding = self._binding, None
-        stream = None if binding is None else binding.stream
-        if stream is not None:
-            stream.abort(
-                end_code(
-                    request_whole=self.request_whole,
-                    at_boundary=self.reader.at_boundary,
-                    queued_up=stream.get_write_buffer_size(),
-                )
-            )
-        self._finish()
-
     def _drop_stream(self) -> None:
+        """Let go of the stream, reset CANCEL (its backend connection is not
+        reused), or of the wait for one."""
         wait, self._wait = self._wait, None
         if wait is not None:
             wait.stop()
-        binding, self._binding = self._binding, None
-        stream = None if binding is None else binding.stream
-        if stream is not None:
-            stream.abort(ErrorCode.CANCEL)
-
-    def _finish(self) -> None:
-        if self.finished:
-            return
-        self.finished = True
-        self.client.exchange_finished(self)
+        upstream, self.upstream = self.upstream, None
+        if upstream is not None:
+            upstream.stream.abort(ErrorCode.CANCEL)
