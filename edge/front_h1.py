@@ -3,18 +3,15 @@
 An ``asyncio.Protocol`` on the client's (TLS) transport. The sans-I/O reader
 (:class:`edge.http1.RequestReader`) validates and rewrites each request; each
 request becomes an :class:`edge.exchange.Exchange` with its own tunnel stream
-(PROTOCOL.md §6.7). What is left here is HTTP/1.1's own business:
+(PROTOCOL.md §6.7). What is left here is HTTP/1.1's own business; the
+response side, the :class:`edge.exchange.ExchangeClient` every exchange calls
+directly, is its own part (:class:`edge.front_h1_responses.Http1Responses`:
+the client's framing, writing, reading pauses, the close):
 
 - **Order.** One exchange at a time. A request the client pipelines behind
   one in progress is held, with reading paused, until the response before it
   is complete, so responses keep their order and nothing is buffered beyond
   one read (as nginx does).
-- **The client's framing.** Response heads are forwarded as the backend wrote
-  them, except: ``Connection: close`` when the client asked to close (its
-  request went up keep-alive), the backend's ``Connection`` fields dropped
-  when only the backend connection closes and the response is framed by
-  length or chunks (the client's stays open: the next request takes another
-  stream), and the edge's own fields (HSTS).
 - **Closing.** After a request that asked to close, a close-delimited
   response, a response that came before the whole request (the rest of the
   body is unread), the edge's own error answers, and on drain.
@@ -31,11 +28,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from edge.deadlines import Missed, Phase, expired
 from edge.exchange import Exchange, RequestRecord
+from edge.front_h1_responses import PAUSED_BY_EXCHANGE, PAUSED_BY_HOLD, Http1Responses
 from edge.http1 import (
     ClientClosed,
     ClientContext,
@@ -44,14 +43,9 @@ from edge.http1 import (
     RequestHeadReceived,
     RequestReader,
     RequestRejected,
-    ResponseHeadReceived,
     TunnelBytes,
-    closing_head,
-    error_response,
     https_location,
     redirect_response,
-    reusable_head,
-    with_field,
 )
 from edge.ledger import OutputLedger
 from edge.services import ClientFacts, EdgeServices
@@ -64,12 +58,13 @@ __all__ = ["Http1Connection"]
 log = logging.getLogger("geoedge.edge")
 throttled = LogThrottle(log)
 
-# Why client reading is paused (a bit each): it resumes when no reason is left.
-_PAUSED_BY_EXCHANGE, _PAUSED_BY_HOLD = 1, 2
-
 
 class Http1Connection(asyncio.Protocol):
-    """One HTTP/1.1 client connection (after TLS and the PROXY protocol)."""
+    """One HTTP/1.1 client connection (after TLS and the PROXY protocol).
+
+    Its response side (``_responses``) exists from :meth:`connection_made` on
+    and reaches back to this connection through a weak proxy (see
+    :class:`edge.front_h1_responses.Http1Responses`)."""
 
     def __init__(
         self,
@@ -86,17 +81,13 @@ class Http1Connection(asyncio.Protocol):
         self._scheme = scheme
         self._redirect = redirect
         self._hsts = services.hsts_field if scheme == "https" else None
-        self.transport: asyncio.Transport | None = None
+        self._responses: Http1Responses
         self.reader: RequestReader | None = None
         self.exchange: Exchange | None = None
         self.client_ip = ""
         self._metadata = b""
         self._held: list[Any] | None = None  # events behind the exchange in progress
-        self._paused = 0
-        self._closing = False
-        self._close_after = False  # close once the exchange in progress ends
         self._client_eof = False
-        self._batch: list[bytes] | None = None
         self._release: Callable[[], None] | None = None
         self.facts = ClientFacts("https" if scheme == "https" else "http")
         self.ledger = OutputLedger(self._log)
@@ -136,8 +127,8 @@ class Http1Connection(asyncio.Protocol):
             transport.set_protocol(h2)
             h2.connection_made(transport)
             return
-        self.transport = transport  # type: ignore[assignment]
-        self.ledger.attach(self.transport)  # type: ignore[arg-type]
+        client: asyncio.Transport = transport  # type: ignore[assignment]
+        self.ledger.attach(client)
         services = self.services
         peer = self._client_address or peer_address(transport.get_extra_info("peername"))
         local = peer_address(transport.get_extra_info("sockname"))
@@ -151,11 +142,15 @@ class Http1Connection(asyncio.Protocol):
         )
         self.client_ip = context.client_ip
         self.reader = RequestReader(services.http_limits, context, services.new_request_id)
+        self._responses = responses = Http1Responses(
+            client, self.ledger, self._hsts, context.client_ip
+        )
+        responses.requests = weakref.proxy(self)
         if self._redirect:  # plain HTTP: admitted here, TLS in its listener
             self._release = services.admit(context.client_ip)
             if self._release is None:
-                self._closing = True
-                transport.abort()
+                responses.closing = True
+                client.abort()
                 return
         self.facts = ClientFacts.of(transport)
         services.connection_opened(self, self.facts)
@@ -163,7 +158,7 @@ class Http1Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.client_active_at = time.monotonic()
         self._dispatch(self.reader.feed(data))  # type: ignore[union-attr]
-        self._update_phase()
+        self.update_phase()
 
     def eof_received(self) -> bool:
         """The client closed its sending side (a TCP FIN, with or without
@@ -176,9 +171,9 @@ class Http1Connection(asyncio.Protocol):
         release, self._release = self._release, None
         if release is not None:
             release()
-        if self.reader is None:  # refused, or handed over to HTTP/2
+        if self.reader is None:  # handed over to HTTP/2
             return
-        self._closing = True
+        self._responses.closing = True
         exchange = self.exchange
         if exchange is not None:
             exchange.cancel("client_closed")
@@ -196,8 +191,9 @@ class Http1Connection(asyncio.Protocol):
     # -- client events ----------------------------------------------------------------
 
     def _dispatch(self, events: list[Any]) -> None:
+        responses = self._responses
         for index, event in enumerate(events):
-            if self._closing:
+            if responses.closing:
                 return
             kind = type(event)
             exchange = self.exchange
@@ -209,7 +205,7 @@ class Http1Connection(asyncio.Protocol):
                     or (kind is RequestRejected and not event.mid_request)
                 )
             ):
-                self._hold(events[index:])  # after the exchange in progress
+                self.hold(events[index:])  # after the exchange in progress
                 return
             if kind is RequestBodyReceived:
                 if self.exchange is not None:  # (else answered early: the rest is dropped)
@@ -227,27 +223,43 @@ class Http1Connection(asyncio.Protocol):
             elif kind is ClientClosed:
                 self._on_client_closed()
 
-    def _hold(self, events: list[Any]) -> None:
+    def hold(self, events: list[Any]) -> None:
         if self._held is None:
             self._held = list(events)
         else:
             self._held.extend(events)
-        self._pause(_PAUSED_BY_HOLD)
+        self._responses.pause_reading(PAUSED_BY_HOLD)
 
-    def _resume_held(self) -> None:
+    def exchange_ended(self, exchange: Exchange) -> None:
+        """``exchange`` finished (its record is with the ledger): close, or give
+        the held events their turn."""
+        if exchange is not self.exchange:
+            return
+        self.exchange = None
+        responses = self._responses
+        responses.resume_reading(PAUSED_BY_EXCHANGE)
+        if (
+            self.phase is Phase.TUNNEL
+            or responses.close_after
+            or self._client_eof
+            or (self.services.draining and not self._held)
+        ):
+            responses.close()
+            return
         held, self._held = self._held, None
         if held:
             self._dispatch(held)
         if self._held is None:
-            self._resume(_PAUSED_BY_HOLD)
+            responses.resume_reading(PAUSED_BY_HOLD)
+        self.update_phase()
 
     def _on_head(self, head: RequestHeadReceived) -> None:
         services = self.services
         if services.draining:
-            self._answer_own(503, "edge is draining", "rejected", head)
+            self._responses.answer_own(_own_record(503, "edge is draining", "rejected", head))
             return
         if not services.request_rate.allow(self.client_ip, self.client_active_at):
-            self._answer_own(429, "request rate limit", "rejected", head)
+            self._responses.answer_own(_own_record(429, "request rate limit", "rejected", head))
             return
         path = head.target.decode("latin-1")
         redirect = services.redirect
@@ -269,9 +281,8 @@ class Http1Connection(asyncio.Protocol):
             user_agent=_user_agent(head),
             trace_id=head.trace_id,
         )
-        exchange = Exchange(services, self, head, self._metadata, record)
+        exchange = Exchange(services, self._responses, head, self._metadata, record)
         self.exchange = exchange
-        self._close_after = False
         exchange.start()
 
     def _on_rejected(self, event: RequestRejected) -> None:
@@ -282,7 +293,7 @@ class Http1Connection(asyncio.Protocol):
         if event.mid_request and self.exchange is not None:
             self.exchange.reject(event.status, event.reason)
         else:
-            self._answer_own(event.status, event.reason, "rejected")
+            self._responses.answer_own(_own_record(event.status, event.reason, "rejected"))
 
     def _on_client_closed(self) -> None:
         self._client_eof = True
@@ -290,177 +301,20 @@ class Http1Connection(asyncio.Protocol):
         if exchange is not None and exchange.upgraded:
             exchange.client_half_closed()  # the half-close travels through the tunnel
         elif exchange is None:
-            self._close()
-        # else: closes when the response is written (exchange_finished)
+            self._responses.close()
+        # else: closes when the response is written (exchange_ended)
 
     def _redirect_to_https(self, head: RequestHeadReceived, path: str) -> None:
         location = https_location(head.host, path, self.services.redirect.https_port)  # type: ignore[union-attr]
         if location is None:
-            self._answer_own(400, "cannot redirect without Host and an origin-form target",
-                             "rejected", head)  # fmt: skip
+            reason = "cannot redirect without Host and an origin-form target"
+            self._responses.answer_own(_own_record(400, reason, "rejected", head))
             return
-        record = self._own_record(301, "redirected to HTTPS", "redirected", head)
-        self._answer(record, redirect_response(location))
-
-    # -- edge.exchange.ExchangeClient ----------------------------------------------------
-
-    def writes_begin(self) -> None:
-        if self._batch is None:
-            self._batch = []
-
-    def writes_end(self) -> None:
-        batch, self._batch = self._batch, None
-        if batch and self.transport is not None and not self._closing:
-            self.transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
-        self.ledger.check()
-
-    def response_head(self, exchange: Exchange, head: ResponseHeadReceived) -> None:
-        data = head.head
-        if not head.informational:
-            if exchange.websocket_key is not None:  # the backend refused the upgrade
-                self._hold(self.reader.upgrade_refused())  # type: ignore[union-attr]
-            if self._hsts is not None:
-                data = with_field(data, self._hsts)
-            record = exchange.record
-            if record.request_id and not any(n == b"x-request-id" for n, _ in head.headers):
-                data = with_field(data, b"X-Request-Id: " + record.request_id.encode())
-            if not exchange.record.keep_alive:
-                data = closing_head(data)
-                self._close_after = True
-            elif not head.keep_alive:
-                if head.close_delimited:
-                    self._close_after = True  # only the close shows where it ends
-                else:
-                    data = reusable_head(data)
-        self._write_response(exchange.record, data)
-
-    def response_data(self, exchange: Exchange, data: bytes) -> None:
-        self._write_response(exchange.record, data)
-
-    def response_complete(self, exchange: Exchange, close: bool) -> None:
-        if not exchange.request_whole:
-            self._close_after = True  # the rest of the request body is unread
-
-    def upgraded(self, exchange: Exchange) -> None:
-        self.phase = Phase.TUNNEL
-        held = self.reader.upgrade_accepted()  # type: ignore[union-attr]
-        if held:
-            exchange.send_tunnel(held)
-
-    def upstream_ended(self, exchange: Exchange) -> None:
-        self._close()  # TLS has no half-close: the tunnel ends here
-
-    def answer(self, exchange: Exchange, status: int) -> None:
-        record = exchange.record
-        self._close_after = True
-        self._write_response(record, error_response(status, request_id=record.request_id or None))
-
-    def cut(self, exchange: Exchange) -> None:
-        throttled.info("closing %s: %s", self.client_ip, exchange.record.reason)
-        self._closing = True
-        if self.transport is not None:
-            self.transport.abort()
-
-    def pause_request(self, exchange: Exchange) -> None:
-        self._pause(_PAUSED_BY_EXCHANGE)
-
-    def resume_request(self, exchange: Exchange) -> None:
-        self._resume(_PAUSED_BY_EXCHANGE)
-
-    def exchange_finished(self, exchange: Exchange) -> None:
-        record = exchange.record
-        if record.answered:
-            record.out_end = record.out_start + record.bytes_out
-        self.ledger.done(record, flush_now=self._batch is None)
-        if exchange is not self.exchange:
-            return
-        self.exchange = None
-        self._resume(_PAUSED_BY_EXCHANGE)
-        if (
-            self.phase is Phase.TUNNEL
-            or self._close_after
-            or self._client_eof
-            or (self.services.draining and not self._held)
-        ):
-            self._close()
-        else:
-            self._resume_held()
-            self._update_phase()
-
-    # -- writing, answering, closing -------------------------------------------------
-
-    def _write_response(self, record: RequestRecord, data: bytes) -> None:
-        if record.out_start < 0:
-            record.out_start = self.ledger.queued
-        record.bytes_out += len(data)
-        self._write(data)
-
-    def _write(self, data: bytes) -> None:
-        if self._closing:
-            return
-        self.ledger.queued += len(data)
-        if self._batch is not None:
-            self._batch.append(data)
-        elif self.transport is not None:
-            self.transport.write(data)
-
-    def _own_record(
-        self, status: int, reason: str, outcome: str, head: RequestHeadReceived | None = None
-    ) -> RequestRecord:
-        """The record of something the edge answers itself (nothing goes up)."""
-        return RequestRecord(
-            method=head.method.decode("latin-1") if head is not None else "",
-            path=head.target.decode("latin-1") if head is not None else "",
-            host=head.host if head is not None else None,
-            request_id=head.request_id if head is not None else "",
-            started=time.monotonic(),
-            user_agent=_user_agent(head) if head is not None else None,
-            trace_id=head.trace_id if head is not None else None,
-            status=status,
-            outcome=outcome,
-            reason=reason,
-        )
-
-    def _answer_own(
-        self, status: int, reason: str, outcome: str, head: RequestHeadReceived | None = None
-    ) -> None:
-        record = self._own_record(status, reason, outcome, head)
-        response = error_response(status, request_id=record.request_id or None)
-        self._answer(record, response if self._hsts is None else with_field(response, self._hsts))
-
-    def _answer(self, record: RequestRecord, data: bytes) -> None:
-        """Write the edge's own answer, log it once sent, and close."""
-        self._write_response(record, data)
-        record.out_end = record.out_start + record.bytes_out
-        self.ledger.done(record, flush_now=self._batch is None)
-        self._close()
+        record = _own_record(301, "redirected to HTTPS", "redirected", head)
+        self._responses.answer_with(record, redirect_response(location))
 
     def _log(self, record: RequestRecord, sent: int) -> None:
         self.services.log_request(record, self.client_ip or None, sent, self.facts)
-
-    def _pause(self, reason: int) -> None:
-        if not self._paused and self.transport is not None:
-            self.transport.pause_reading()
-        self._paused |= reason
-
-    def _resume(self, reason: int) -> None:
-        if not self._paused & reason:
-            return
-        self._paused &= ~reason
-        if not self._paused and self.transport is not None and not self._closing:
-            self.transport.resume_reading()
-
-    def _close(self) -> None:
-        if self._closing:
-            return
-        if self._batch:  # what one read produced goes out before the close
-            self.writes_end()
-        self._closing = True
-        exchange = self.exchange
-        if exchange is not None:
-            exchange.cancel("client_closed")
-        if self.transport is not None:
-            self.transport.close()
 
     # -- the worker's calls (edge.services.ClientConnection) ---------------------------------
 
@@ -471,7 +325,7 @@ class Http1Connection(asyncio.Protocol):
 
     def drain(self, websocket_close_in_s: float = 0.0) -> None:
         if self.phase in (Phase.IDLE, Phase.HEAD):
-            self._close()
+            self._responses.close()
         elif self.phase is Phase.TUNNEL and self.exchange is not None:
             asyncio.get_running_loop().call_later(
                 websocket_close_in_s, self.exchange.close_websocket, CLOSE_GOING_AWAY
@@ -479,12 +333,12 @@ class Http1Connection(asyncio.Protocol):
 
     def close_now(self, reason: str) -> None:
         log.debug("closing %s: %s", self.client_ip, reason)
-        self._close()
+        self._responses.close()
 
     def _time_out(self, missed: Missed) -> None:
         self.services.count_error(missed.name.lower() + "_timeout")
         if missed is Missed.HEADER:
-            self._answer_own(408, missed.value, "rejected")
+            self._responses.answer_own(_own_record(408, missed.value, "rejected"))
         elif missed is Missed.BODY and self.exchange is not None:
             self.exchange.reject(408, missed.value)
         elif missed is Missed.RESPONSE and self.exchange is not None:
@@ -492,7 +346,7 @@ class Http1Connection(asyncio.Protocol):
         else:
             self.close_now(missed.value)
 
-    def _update_phase(self) -> None:
+    def update_phase(self) -> None:
         reader = self.reader
         if self.phase is Phase.TUNNEL or reader is None:
             return
@@ -505,6 +359,24 @@ class Http1Connection(asyncio.Protocol):
         if phase is not self.phase:
             self.phase = phase
             self.phase_since = time.monotonic()
+
+
+def _own_record(
+    status: int, reason: str, outcome: str, head: RequestHeadReceived | None = None
+) -> RequestRecord:
+    """The record of something the edge answers itself (nothing goes up)."""
+    return RequestRecord(
+        method=head.method.decode("latin-1") if head is not None else "",
+        path=head.target.decode("latin-1") if head is not None else "",
+        host=head.host if head is not None else None,
+        request_id=head.request_id if head is not None else "",
+        started=time.monotonic(),
+        user_agent=_user_agent(head) if head is not None else None,
+        trace_id=head.trace_id if head is not None else None,
+        status=status,
+        outcome=outcome,
+        reason=reason,
+    )
 
 
 def _user_agent(head: RequestHeadReceived) -> str | None:
