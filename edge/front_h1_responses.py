@@ -1,8 +1,8 @@
 """The response side of one HTTP/1.1 client connection: what goes to the client.
 
 :class:`Http1Responses` is the :class:`edge.exchange.ExchangeClient` every
-exchange of one connection calls (the connection,
-:class:`edge.front_h1.Http1Connection`, hands it to each), and the only
+exchange of one connection calls (the connection's request side,
+:class:`edge.front_h1_requests.Http1Requests`, hands it to each), and the only
 part that acts on the client transport once the connection is set up: it
 writes the responses, the edge's own answers (rejections, redirects), pauses
 and resumes reading, and closes.
@@ -51,7 +51,7 @@ PAUSED_BY_EXCHANGE, PAUSED_BY_HOLD = 1, 2
 
 class RequestSide(Protocol):
     """What the response side asks of its connection's request side
-    (:class:`edge.front_h1.Http1Connection`)."""
+    (:class:`edge.front_h1_requests.Http1Requests`)."""
 
     exchange: Exchange | None
     reader: RequestReader
@@ -75,7 +75,7 @@ class Http1Responses:
     batch; a batch exists only between ``writes_begin`` and ``writes_end`` (or
     a close, which writes it first).
 
-    The connection holds this part (and hands it to every exchange); this
+    The request side holds this part (and hands it to every exchange); this
     part reaches back to it through ``requests``, a weak proxy, or the two
     would be a reference cycle outliving the connection (see
     :mod:`edge.ledger`).
@@ -104,7 +104,7 @@ class Http1Responses:
         self.ledger = ledger
         self._hsts = hsts
         self._client_ip = client_ip
-        self.requests: RequestSide  # set by the connection that owns this part
+        self.requests: RequestSide  # set by the request side that owns this part
         self._batch: list[bytes] | None = None
         self._paused = 0
         self.close_after = False
