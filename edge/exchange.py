@@ -34,7 +34,9 @@ stream, so its credit stops flowing and the origin stops sending (§7.3).
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from edge.exchange_rules import Fault, Step, on_fault
@@ -63,7 +65,7 @@ class ExchangeServices(TunnelWaiters, Protocol):
     draining: bool
 
     def open_stream(
-        self, metadata: bytes, factory: object
+        self, metadata: bytes, factory: Callable[[], asyncio.BaseProtocol]
     ) -> tuple[str, TunnelStream]: ...  # raises tunnel.aio.errors.TunnelError
     def count_error(self, reason: str) -> None: ...
     def warn(self, message: str, *args: object) -> None: ...

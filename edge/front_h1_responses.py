@@ -96,7 +96,7 @@ class Http1Responses:
     def __init__(
         self,
         transport: asyncio.Transport,
-        ledger: OutputLedger,
+        ledger: OutputLedger[RequestRecord],
         hsts: bytes | None,
         client_ip: str,
     ) -> None:

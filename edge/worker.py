@@ -27,6 +27,7 @@ from edge.admission import ConnectionAdmission, RequestRate
 from edge.config import EdgeConfig, ListenerConfig
 from edge.deadlines import Deadlines
 from edge.exchange import RequestRecord
+from edge.exchange_wait import TunnelWait
 from edge.front_h1 import Http1Connection
 from edge.http1 import HttpLimits
 from edge.listener import Listener, ProxyListener, RedirectListener, TlsListener, is_trusted
@@ -258,11 +259,11 @@ class EdgeWorker:
         if not self.connections:
             self._no_connections.set()
 
-    def wait_for_tunnel(self, waiter: object) -> bool:
-        return self.origins.wait_for_tunnel(waiter)  # type: ignore[arg-type]
+    def wait_for_tunnel(self, waiter: TunnelWait) -> bool:
+        return self.origins.wait_for_tunnel(waiter)
 
-    def stop_waiting_for_tunnel(self, waiter: object) -> None:
-        self.origins.stop_waiting(waiter)  # type: ignore[arg-type]
+    def stop_waiting_for_tunnel(self, waiter: TunnelWait) -> None:
+        self.origins.stop_waiting(waiter)
 
     def count_error(self, reason: str) -> None:
         self.tally.add(self.metrics.errors, reason)
