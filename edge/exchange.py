@@ -128,7 +128,6 @@ class Exchange:
         "request_whole",
         "response_paused",
         "services",
-        "tag",
         "upgraded",
         "upstream",
         "upstream_active_at",
@@ -164,7 +163,6 @@ class Exchange:
         self.upgraded = False
         self.finished = False
         self.upstream_active_at = time.monotonic()
-        self.tag: object = None  # the front end's (HTTP/2: its stream)
         # The client's WebSocket frames (edge.ws_frames): how it ended, and where a
         # Close of our own may go; they may precede the 101 (the backend's: Upstream).
         self.ws_up = FrameTracker() if self.websocket_key is not None else None

@@ -162,6 +162,26 @@ def test_a_request_waits_for_a_tunnel_with_reading_paused() -> None:
     run_async(main(), 5)
 
 
+def test_a_body_read_while_waiting_for_a_tunnel_goes_up_once_there_is_one() -> None:
+    async def main() -> None:
+        client, transport, services = connect(FakeServices(tunnel_up=False))
+        head = b"POST /p HTTP/1.1\r\nHost: app.test\r\nContent-Length: 10\r\n\r\n"
+        client.data_received(head + b"hello")  # read in one go, before the wait began
+        assert not services.streams and not transport.reading
+        services.bring_tunnel_up()
+        (stream,) = services.streams
+        assert stream.sent.startswith(b"POST /p HTTP/1.1\r\n")
+        assert stream.sent.endswith(b"\r\n\r\nhello") and transport.reading
+        client.data_received(b"world")
+        assert stream.sent.endswith(b"\r\n\r\nhelloworld")
+        stream.respond(OK)
+        assert transport.take().startswith(b"HTTP/1.1 200 OK")
+        ((record, _),) = services.logged
+        assert (record.bytes_in, record.outcome) == (10, "ok")
+
+    run_async(main(), 5)
+
+
 def test_a_request_that_finds_no_tunnel_in_time_gets_a_503() -> None:
     async def main() -> None:
         client, transport, services = connect(FakeServices(tunnel_up=False, tunnel_wait_s=0.05))
