@@ -181,7 +181,7 @@ class OriginDaemon:
                 )
                 self.ready.set()
                 await self._stop.wait()
-                await self.worker.shutdown()
+                await self.worker.drain()
             else:
                 assert self.supervisor is not None
                 loop = asyncio.get_running_loop()
@@ -395,7 +395,7 @@ class OriginDaemon:
         memory.start()  # SIGUSR2: a memory report
         log.info("worker %d serving on %s", context.index, self.config.tunnel_listener.address)
         await stopping.wait()
-        await worker.shutdown()
+        await worker.drain()
         memory.close()
         pipe.close()
         return 0

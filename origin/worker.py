@@ -17,7 +17,7 @@ tunnel listener hands every stream straight to the dispatcher.
 Pool state comes from the parent as snapshots (:mod:`origin.snapshot`) on the
 control pipe, or directly in process (:meth:`OriginWorker.apply_snapshots`).
 
-Shutdown (:meth:`OriginWorker.shutdown`), one idempotent sequence (STYLE.md §13):
+Drain (:meth:`OriginWorker.drain`, as the edge worker's), one idempotent sequence (STYLE.md §13):
 stop accepting, GOAWAY every tunnel connection (edges open new streams
 elsewhere), let in-flight streams finish until the drain deadline, then
 abort what is left.
@@ -68,7 +68,7 @@ class OriginWorker:
     Owns the tunnel listener, the parts (:attr:`dispatcher`, :attr:`edges`,
     :attr:`deadlines`, :attr:`publisher`) and the drain. Invariants: the
     parts' timers run from :meth:`start` to the end of the drain; the drain
-    runs once however often :meth:`shutdown` is called; once it has begun,
+    runs once however often :meth:`drain` is called; once it has begun,
     nothing is parked and every edge connection, new or old, gets GOAWAY.
     """
 
@@ -89,7 +89,7 @@ class OriginWorker:
         self._loop = asyncio.get_running_loop()
         self._server: asyncio.Server | None = None
         self._draining = False
-        self._shutdown_task: asyncio.Task[None] | None = None
+        self._drain_task: asyncio.Task[None] | None = None
         #: The worker process' own gauges (None in process: the tests' origins).
         self.process_metrics = ProcessMetrics("origin") if process_metrics else None
         #: Per-stream counts, added to the metrics with the edges' RTTs (Tally).
@@ -133,16 +133,17 @@ class OriginWorker:
         port: int = self._server.sockets[0].getsockname()[1]
         return port
 
-    def shutdown(self, drain_timeout_s: float | None = None) -> asyncio.Task[None]:
-        """Begin the graceful shutdown; returns its task (the same one if called again)."""
-        if self._shutdown_task is None:
+    def drain(self, drain_timeout_s: float | None = None) -> asyncio.Task[None]:
+        """Begin the graceful stop (GOAWAY, in-flight streams finish, the rest are
+        reset); returns its task, the same one if called again."""
+        if self._drain_task is None:
             timeout = (
                 self.config.origin.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
             )
-            self._shutdown_task = self._loop.create_task(self._shutdown(timeout))
-        return self._shutdown_task
+            self._drain_task = self._loop.create_task(self._drain(timeout))
+        return self._drain_task
 
-    async def _shutdown(self, drain_timeout_s: float) -> None:
+    async def _drain(self, drain_timeout_s: float) -> None:
         self._draining = True
         if self._server is not None:
             self._server.close()
