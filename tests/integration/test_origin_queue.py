@@ -7,6 +7,7 @@ import concurrent.futures
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,3 +82,61 @@ def test_the_queue_is_first_come_first_served_and_bounded() -> None:
         assert not queue.wake_next()
 
     run_async(scenario(), 5)
+
+
+def test_two_streams_opened_in_one_tunnel_read_do_not_both_take_a_capped_backend(
+    test_pki: PkiFiles, tmp_path: Path
+) -> None:
+    """Two OPENs that arrive in one read of the tunnel are dispatched in one turn
+    of the origin's loop, before either connect task runs: the first must count
+    against the backend's cap as it is chosen, or both go to it at once."""
+    import asyncio
+
+    from tests.integration.origin_harness import (
+        CLIENT,
+        SERVER,
+        node_backends,
+        origin_config,
+        origin_in_process,
+        pool,
+    )
+    from tests.tunnel_env import connect, dial_config, open_io
+
+    slow_ms = 600
+    with node_backends(tmp_path, 1) as nodes:
+        capped = pool(
+            [nodes[0].address], health=False, max_connections_per_backend=1, queue_timeout_s=10.0
+        )
+        config = origin_config(test_pki, [capped])
+        port = int(config.tunnel_listener.address.rpartition(":")[2])
+
+        async def main() -> list[float]:
+            async with origin_in_process(config):
+                connection = await connect(dial_config(test_pki, port))
+                loop = asyncio.get_running_loop()
+                started = loop.time()
+                ios = []
+                for index in range(2):  # no await in between: one flush, one tunnel write
+                    io = open_io(
+                        connection, client_address=CLIENT, server_address=SERVER, host="app.test"
+                    )
+                    io.write(
+                        f"GET /slow?ms={slow_ms}&i={index} HTTP/1.1\r\nHost: app.test\r\n"
+                        "Connection: close\r\n\r\n".encode()
+                    )
+                    ios.append(io)
+
+                async def answered(io: Any) -> float:
+                    data = await io.read_all()
+                    io.write_eof()  # the stream ends (and frees its slot) as an edge ends it
+                    assert data.startswith(b"HTTP/1.1 200 "), data[:100]
+                    return loop.time() - started
+
+                took = await asyncio.gather(*(answered(io) for io in ios))
+                connection.abort()
+                return sorted(took)
+
+        first, second = run_async(main(), 30)
+    # One at a time: the second waited for the first (both at once: ~0.6 s each).
+    assert first >= slow_ms / 1000 - 0.05
+    assert second >= 2 * slow_ms / 1000 - 0.1, (first, second)
