@@ -81,11 +81,14 @@ class ErrorCode(enum.IntEnum):
 
     @classmethod
     def name_of(cls, code: int) -> str:
-        """The code's name, or ``UNKNOWN_0x..`` for codes from a newer peer."""
-        try:
-            return cls(code).name
-        except ValueError:
-            return f"UNKNOWN_{code:#x}"
+        """The code's name, or ``UNKNOWN_0x..`` for codes from a newer peer.
+        A dict lookup: every stream's end names its code (``cls(code).name``
+        costs ~1.5 us, on each request)."""
+        name = _ERROR_NAMES.get(code)
+        return name if name is not None else f"UNKNOWN_{code:#x}"
+
+
+_ERROR_NAMES: dict[int, str] = {code.value: code.name for code in ErrorCode}
 
 
 class SettingId(enum.IntEnum):
