@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Protocol
 from edge.exchange_rules import Fault, Step, on_fault
 from edge.exchange_upstream import Upstream
 from edge.exchange_wait import TunnelWait, TunnelWaiters
-from edge.exchange_websocket import WebSocketClose
+from edge.exchange_websocket import WebSocketClose, relay
 from edge.http1 import HttpLimits, RequestHeadReceived, ResponseHeadReceived, ResponseReader
 from edge.request_record import RequestRecord
 from edge.ws_frames import CLOSE_GOING_AWAY, FrameTracker
@@ -193,13 +193,7 @@ class Exchange:
         record.bytes_in += len(data)
         frames = self.ws_up
         if frames is not None:
-            closing = self.ws_closing
-            if closing is not None:
-                data = closing.until_close(frames, data, to_backend=True)
-            else:
-                frames.feed(data)
-                if frames.close_code is not None and record.ws_closed_by is None:
-                    record.ws_close_code, record.ws_closed_by = frames.close_code, "client"
+            data = relay(frames, self.ws_closing, data, record, to_backend=True)
         self._send_up(data)
 
     def request_complete(self) -> None:

@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from edge.exchange_rules import Fault, end_code
-from edge.exchange_websocket import WebSocketClose
+from edge.exchange_websocket import WebSocketClose, relay
 from edge.http1 import (
     BackendClosed,
     ResponseBodyReceived,
@@ -156,14 +156,7 @@ class Upstream(asyncio.Protocol):
             data = event.data  # type: ignore[attr-defined]
             frames = self.ws_down
             if frames is not None:
-                closing = exchange.ws_closing
-                if closing is not None:
-                    data = closing.until_close(frames, data, to_backend=False)
-                else:
-                    frames.feed(data)
-                    record = self.record
-                    if frames.close_code is not None and record.ws_closed_by is None:
-                        record.ws_close_code, record.ws_closed_by = frames.close_code, "backend"
+                data = relay(frames, exchange.ws_closing, data, self.record, to_backend=False)
             if data:
                 client.response_data(exchange, data)
         elif kind is ResponseHeadReceived:

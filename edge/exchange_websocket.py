@@ -11,9 +11,10 @@ says which octets to relay and the exchange relays them.
 
 from __future__ import annotations
 
+from edge.request_record import RequestRecord
 from edge.ws_frames import FrameTracker, close_frame
 
-__all__ = ["WebSocketClose"]
+__all__ = ["WebSocketClose", "relay"]
 
 _TO_BACKEND = 1
 _TO_CLIENT = 2
@@ -48,3 +49,24 @@ class WebSocketClose:
             self._sent |= side
             return relay + close_frame(self.code, masked=to_backend)
         return relay
+
+
+def relay(
+    frames: FrameTracker,
+    closing: WebSocketClose | None,
+    data: bytes,
+    record: RequestRecord,
+    *,
+    to_backend: bool,
+) -> bytes:
+    """What to relay of ``data``, next in one direction of an accepted WebSocket
+    (``frames`` follows it): all of it, its frames followed and the session's
+    first Close recorded on ``record`` (its code, and who sent it); once the
+    edge closes the session (``closing``), up to and including the edge's Close."""
+    if closing is not None:
+        return closing.until_close(frames, data, to_backend=to_backend)
+    frames.feed(data)
+    if frames.close_code is not None and record.ws_closed_by is None:
+        record.ws_close_code = frames.close_code
+        record.ws_closed_by = "client" if to_backend else "backend"
+    return data
