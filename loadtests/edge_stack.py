@@ -19,18 +19,19 @@ memory (``VmRSS``) and open descriptors.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from geoedge import pki
+from geoedge import devstack
+from geoedge.devstack import DevPki, StackError, free_port, tail, wait_healthy, wait_port
+
+__all__ = ["StackError", "free_port", "tail", "wait_healthy", "wait_port"]
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_APP = ROOT / "deploy" / "node-app" / "server.js"
@@ -38,16 +39,6 @@ HAPROXY = "/usr/sbin/haproxy"
 SERVER_CPU = 0
 CLIENT_CPU = 1
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-class StackError(RuntimeError):
-    """A server did not start (the message carries the end of its log)."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def pinned(cpu: int, argv: list[str]) -> list[str]:
@@ -129,29 +120,15 @@ def busy_share(before: CpuTimes, after: CpuTimes, cpu: int) -> float:
 # ------------------------------------------------------------------ configs
 
 
-@dataclass(frozen=True, slots=True)
-class Pki:
-    ca: Path
-    server: pki.CertPaths
-    """The client-facing certificate (ECDSA P-256), served by both chains."""
-    combined: Path
-    """Certificate + key in one PEM, as HAProxy's ``crt`` wants it."""
-    edge: pki.CertPaths
-    origin: pki.CertPaths
+def make_pki(directory: Path) -> DevPki:
+    return devstack.make_dev_pki(directory, edge_id="bench-edge", origin_id="bench-origin")
 
 
-def make_pki(directory: Path) -> Pki:
-    pki.create_ca(directory / "ca")
-    ca = pki.load_ca(directory / "ca")
-    server = pki.issue_server_cert(ca, directory, "server", ["localhost", "127.0.0.1"])
-    edge = pki.issue_peer_cert(ca, directory, "edge", "bench-edge", role="edge")
-    origin = pki.issue_peer_cert(
-        ca, directory, "origin", "bench-origin", role="origin", dns_names=["localhost"]
-    )
-    combined = directory / "server-combined.pem"
-    combined.write_bytes(server.cert.read_bytes() + server.key.read_bytes())
-    combined.chmod(0o600)
-    return Pki(ca.paths.cert, server, combined, edge, origin)
+def combined_pem(keys: DevPki, path: Path) -> Path:
+    """The client-facing certificate and its key in one PEM, as HAProxy's ``crt`` wants it."""
+    path.write_bytes(keys.server.cert.read_bytes() + keys.server.key.read_bytes())
+    path.chmod(0o600)
+    return path
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,72 +141,40 @@ class Ports:
     haproxy: int = field(default_factory=free_port)
 
 
-def edge_toml(keys: Pki, ports: Ports) -> str:
+def edge_toml(keys: DevPki, ports: Ports) -> str:
     """One worker, no access log (HAProxy logs nothing either), defaults otherwise,
     but for the per-address connection cap: every benchmark client is 127.0.0.1."""
-    return f"""
-[edge]
-id = "bench-edge"
-workers = 1
-drain_timeout_s = 1.0
-
-[[listeners]]
-address = "127.0.0.1:{ports.edge}"
-
-[tls]
-[[tls.certificates]]
-cert = "{keys.server.cert}"
-key = "{keys.server.key}"
-
-[http]
-access_log = ""
-
-[limits]
-max_connections = 100000
-max_connections_per_client_ip = 100000
-
-[admin]
-address = "127.0.0.1:{ports.edge_admin}"
-
-[[origins]]
-name = "bench-origin"
-[origins.tunnel]
-address = "127.0.0.1:{ports.tunnel}"
-server_name = "localhost"
-cert = "{keys.edge.cert}"
-key = "{keys.edge.key}"
-ca = "{keys.ca}"
-"""
+    return devstack.edge_toml(
+        edge_id=keys.edge_id,
+        https_port=ports.edge,
+        admin_port=ports.edge_admin,
+        certificate=keys.server,
+        tunnel_cert=keys.edge,
+        ca=keys.ca,
+        origins=[(keys.origin_id, ports.tunnel)],
+        drain_timeout_s=1.0,
+        access_log="",
+        limits={"max_connections": 100000, "max_connections_per_client_ip": 100000},
+    )
 
 
-def origin_toml(keys: Pki, ports: Ports) -> str:
-    return f"""
-[origin]
-id = "bench-origin"
-workers = 1
-drain_timeout_s = 1.0
-log_level = "warning"
-access_log = ""
-
-[tunnel_listener]
-address = "127.0.0.1:{ports.tunnel}"
-cert = "{keys.origin.cert}"
-key = "{keys.origin.key}"
-ca = "{keys.ca}"
-allowed_identities = ["bench-edge"]
-
-[[pools]]
-name = "node"
-default = true
-[[pools.backends]]
-address = "127.0.0.1:{ports.node}"
-
-[admin]
-address = "127.0.0.1:{ports.origin_admin}"
-"""
+def origin_toml(keys: DevPki, ports: Ports) -> str:
+    return devstack.origin_toml(
+        origin_id=keys.origin_id,
+        tunnel_port=ports.tunnel,
+        admin_port=ports.origin_admin,
+        tunnel_cert=keys.origin,
+        ca=keys.ca,
+        allowed_identities=[keys.edge_id],
+        backends=[ports.node],
+        pool="node",
+        drain_timeout_s=1.0,
+        log_level="warning",
+        access_log="",
+    )
 
 
-def haproxy_cfg(keys: Pki, ports: Ports) -> str:
+def haproxy_cfg(pem: Path, ports: Ports) -> str:
     """One thread (the process is pinned with taskset, so no cpu-map), no logging.
 
     Node.js gets the same forwarding headers from HAProxy as from the edge
@@ -252,7 +197,7 @@ defaults
     timeout tunnel 1h
 
 frontend tls
-    bind 127.0.0.1:{ports.haproxy} ssl crt {keys.combined} alpn h2,http/1.1 ssl-min-ver TLSv1.2
+    bind 127.0.0.1:{ports.haproxy} ssl crt {pem} alpn h2,http/1.1 ssl-min-ver TLSv1.2
     option forwardfor
     unique-id-format %{{+X}}o%pid%rt
     unique-id-header X-Request-Id
@@ -269,33 +214,6 @@ backend node
 # ------------------------------------------------------------------ processes
 
 
-def wait_port(port: int, deadline: float, proc: subprocess.Popen[bytes], log: Path) -> None:
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise StackError(f"{proc.args!r} exited with {proc.returncode}:\n{tail(log)}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        time.sleep(0.05)
-    raise StackError(f"nothing listening on 127.0.0.1:{port} ({proc.args!r}):\n{tail(log)}")
-
-
-def wait_healthy(port: int, deadline: float, what: str, log: Path) -> None:
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, http.client.HTTPException):
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            conn.request("GET", "/healthz")
-            if conn.getresponse().status == 200:
-                return
-        time.sleep(0.1)
-    raise StackError(f"{what} never became healthy:\n{tail(log)}")
-
-
-def tail(log: Path, limit: int = 3000) -> str:
-    with contextlib.suppress(OSError):
-        return log.read_text(errors="replace")[-limit:]
-    return "(no log)"
-
-
 class Stack:
     """Node, origin, edge and HAProxy, each a process tree started pinned to CPU 0.
 
@@ -307,7 +225,8 @@ class Stack:
         self.workdir = workdir
         self.ports = Ports()
         self.keys = make_pki(workdir / "pki")
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.haproxy_pem = combined_pem(self.keys, workdir / "pki" / "server-combined.pem")
+        self.processes = devstack.ProcessGroup()
         self.forked: list[int] = []
 
     def start(self, timeout_s: float = 30.0) -> None:
@@ -317,7 +236,7 @@ class Stack:
         wait_port(self.ports.node, deadline, node, self.log("node"))
         (self.workdir / "origin.toml").write_text(origin_toml(self.keys, self.ports))
         (self.workdir / "edge.toml").write_text(edge_toml(self.keys, self.ports))
-        (self.workdir / "haproxy.cfg").write_text(haproxy_cfg(self.keys, self.ports))
+        (self.workdir / "haproxy.cfg").write_text(haproxy_cfg(self.haproxy_pem, self.ports))
         python = [sys.executable, "-m"]
         origin_argv = [*python, "origin", "--config", str(self.workdir / "origin.toml")]
         origin = self._spawn("origin", origin_argv, env=env)
@@ -334,25 +253,15 @@ class Stack:
     def log(self, name: str) -> Path:
         return self.workdir / f"{name}.log"
 
-    def _spawn(self, name: str, argv: list[str], **kw: object) -> subprocess.Popen[bytes]:
-        log = open(self.log(name), "wb")  # noqa: SIM115 - the child holds it
-        try:
-            proc = subprocess.Popen(  # type: ignore[call-overload]
-                pinned(SERVER_CPU, argv),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-                start_new_session=True,  # a Ctrl-C at the terminal reaches us only
-                **kw,
-            )
-        finally:
-            log.close()
-        self.procs[name] = proc
-        return proc  # type: ignore[no-any-return]  # Popen(**kw) is untyped
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        return self.processes.spawn(
+            name, pinned(SERVER_CPU, argv), log=self.log(name), cwd=ROOT, env=env
+        )
 
     def pid(self, name: str) -> int:
-        return self.procs[name].pid
+        return self.processes.procs[name].pid
 
     def worker(self, name: str, deadline: float) -> list[int]:
         """The one worker the daemon ``name`` forked (its RSS is the edge's memory)."""
@@ -370,25 +279,20 @@ class Stack:
         return {name: self.pid(name) for name in names}
 
     def check_alive(self) -> None:
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                raise StackError(f"{name} exited with {proc.returncode}:\n{tail(self.log(name))}")
+        for name in self.processes.exited():
+            code = self.processes.procs[name].returncode
+            raise StackError(f"{name} exited with {code}:\n{tail(self.log(name))}")
 
     def stop(self, grace_s: float = 5.0) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                with contextlib.suppress(OSError):
-                    proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for proc in self.procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.05, deadline - time.monotonic()))
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for pid in self.forked:  # workers orphaned by a parent that had to be killed
-            with contextlib.suppress(OSError):
-                if b"python" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    os.kill(pid, signal.SIGKILL)
-        self.procs.clear()
+        self.processes.stop(grace_s)
+        kill_orphaned_workers(self.forked)
         self.forked.clear()
+
+
+def kill_orphaned_workers(pids: list[int]) -> None:
+    """SIGKILL to the daemons' workers still alive after their parent was killed
+    (a PID since reused by a process that is not Python is left alone)."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if b"python" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)

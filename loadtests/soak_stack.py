@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from geoedge import devstack
+from geoedge.devstack import DevPki, StackError, free_port, tail, wait_healthy, wait_port
 from loadtests import edge_stack
-from loadtests.edge_stack import Pki, StackError, children, free_port, tail
+from loadtests.edge_stack import children
 
 ROOT = edge_stack.ROOT
 NODE_APP = edge_stack.NODE_APP
@@ -47,75 +49,42 @@ class Ports:
         )
 
 
-def edge_toml(keys: Pki, ports: Ports) -> str:
+def make_pki(directory: Path) -> DevPki:
+    return devstack.make_dev_pki(directory, edge_id="soak-edge", origin_id="soak-origin")
+
+
+def edge_toml(keys: DevPki, ports: Ports) -> str:
     """One worker, no access log (thousands of lines a second otherwise), no cap
-    per client address (every client is 127.0.0.1)."""
-    return f"""
-[edge]
-id = "soak-edge"
-workers = 1
-drain_timeout_s = 2.0
-
-[[listeners]]
-address = "127.0.0.1:{ports.edge}"
-
-[tls]
-[[tls.certificates]]
-cert = "{keys.server.cert}"
-key = "{keys.server.key}"
-
-[http]
-access_log = ""
-
-[limits]
-# The soak's thousands of WebSockets all come from 127.0.0.1.
-max_connections = 20000
-max_connections_per_client_ip = 20000
-
-[admin]
-address = "127.0.0.1:{ports.edge_admin}"
-
-[[origins]]
-name = "soak-origin"
-[origins.tunnel]
-address = "127.0.0.1:{ports.tunnel}"
-server_name = "localhost"
-cert = "{keys.edge.cert}"
-key = "{keys.edge.key}"
-ca = "{keys.ca}"
-"""
-
-
-def origin_toml(keys: Pki, ports: Ports) -> str:
-    backends = "".join(
-        f'[[pools.backends]]\naddress = "127.0.0.1:{port}"\n' for port in ports.nodes
+    per client address (the soak's thousands of WebSockets all come from 127.0.0.1)."""
+    return devstack.edge_toml(
+        edge_id=keys.edge_id,
+        https_port=ports.edge,
+        admin_port=ports.edge_admin,
+        certificate=keys.server,
+        tunnel_cert=keys.edge,
+        ca=keys.ca,
+        origins=[(keys.origin_id, ports.tunnel)],
+        drain_timeout_s=2.0,
+        access_log="",
+        limits={"max_connections": 20000, "max_connections_per_client_ip": 20000},
     )
-    return f"""
-[origin]
-id = "soak-origin"
-workers = 1
-drain_timeout_s = 2.0
-log_level = "warning"
-access_log = ""
 
-[tunnel_listener]
-address = "127.0.0.1:{ports.tunnel}"
-cert = "{keys.origin.cert}"
-key = "{keys.origin.key}"
-ca = "{keys.ca}"
-allowed_identities = ["bench-edge"]
 
-[admin]
-address = "127.0.0.1:{ports.origin_admin}"
-
-[[pools]]
-name = "node"
-default = true
-[pools.health]
-path = "/health"
-interval_s = 2.0
-{backends}
-"""
+def origin_toml(keys: DevPki, ports: Ports) -> str:
+    return devstack.origin_toml(
+        origin_id=keys.origin_id,
+        tunnel_port=ports.tunnel,
+        admin_port=ports.origin_admin,
+        tunnel_cert=keys.origin,
+        ca=keys.ca,
+        allowed_identities=[keys.edge_id],
+        backends=ports.nodes,
+        pool="node",
+        health=devstack.HealthCheck("/health", interval_s=2.0),
+        drain_timeout_s=2.0,
+        log_level="warning",
+        access_log="",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,8 +112,8 @@ class SoakStack:
     def __init__(self, workdir: Path, backends: int = 2) -> None:
         self.workdir = workdir
         self.ports = Ports.allocate(backends)
-        self.keys = edge_stack.make_pki(workdir / "pki")
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.keys = make_pki(workdir / "pki")
+        self.processes = devstack.ProcessGroup()
         self.workers: dict[str, int] = {}
 
     def start(self, timeout_s: float = 60.0) -> None:
@@ -152,21 +121,10 @@ class SoakStack:
         self.start_backends_and_origin(timeout_s)
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         (self.workdir / "edge.toml").write_text(edge_toml(self.keys, self.ports))
-        edge = self._spawn(
-            "edge",
-            [
-                sys.executable,
-                "-m",
-                "edge",
-                "--config",
-                str(self.workdir / "edge.toml"),
-                "--log-level",
-                "warning",
-            ],
-            env=env,
-        )
-        edge_stack.wait_port(self.ports.edge, deadline, edge, self.log("edge"))
-        edge_stack.wait_healthy(self.ports.edge_admin, deadline, "the edge", self.log("edge"))
+        edge_argv = [sys.executable, "-m", "edge", "--config", str(self.workdir / "edge.toml")]
+        edge = self._spawn("edge", [*edge_argv, "--log-level", "warning"], env=env)
+        wait_port(self.ports.edge, deadline, edge, self.log("edge"))
+        wait_healthy(self.ports.edge_admin, deadline, "the edge", self.log("edge"))
         for name in ("edge", "origin"):
             self.workers[name] = self._worker(name, deadline)
 
@@ -176,47 +134,35 @@ class SoakStack:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         for index, port in enumerate(self.ports.nodes):
             node = self._spawn(f"node{index}", ["node", str(NODE_APP), str(port)])
-            edge_stack.wait_port(port, deadline, node, self.log(f"node{index}"))
+            wait_port(port, deadline, node, self.log(f"node{index}"))
         (self.workdir / "origin.toml").write_text(origin_toml(self.keys, self.ports))
         origin = self._spawn(
             "origin",
             [sys.executable, "-m", "origin", "--config", str(self.workdir / "origin.toml")],
             env=env,
         )
-        edge_stack.wait_port(self.ports.tunnel, deadline, origin, self.log("origin"))
+        wait_port(self.ports.tunnel, deadline, origin, self.log("origin"))
 
     def log(self, name: str) -> Path:
         return self.workdir / f"{name}.log"
 
-    def _spawn(self, name: str, argv: list[str], **kw: Any) -> subprocess.Popen[bytes]:
-        log = open(self.log(name), "wb")  # noqa: SIM115 - the child holds it
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-                start_new_session=True,  # a Ctrl-C at the terminal reaches the soak only
-                **kw,
-            )
-        finally:
-            log.close()
-        self.procs[name] = proc
-        return proc
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        return self.processes.spawn(name, argv, log=self.log(name), cwd=ROOT, env=env)
 
     def _worker(self, name: str, deadline: float) -> int:
         while time.monotonic() < deadline:
-            found = children(self.procs[name].pid)
+            found = children(self.processes.procs[name].pid)
             if len(found) == 1:
                 return found[0]
             time.sleep(0.05)
         raise StackError(f"{name}: expected one worker process:\n{tail(self.log(name))}")
 
     def check_alive(self) -> None:
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                raise StackError(f"{name} exited with {proc.returncode}:\n{tail(self.log(name))}")
+        for name in self.processes.exited():
+            code = self.processes.procs[name].returncode
+            raise StackError(f"{name} exited with {code}:\n{tail(self.log(name))}")
         for name, pid in self.workers.items():
             if not Path(f"/proc/{pid}").exists():
                 raise StackError(f"{name}'s worker {pid} is gone:\n{tail(self.log(name))}")
@@ -237,7 +183,7 @@ class SoakStack:
         """``SIGUSR2`` to the daemon; the report its worker logs (JSON)."""
         log = self.log(name)
         offset = log.stat().st_size
-        os.kill(self.procs[name].pid, signal.SIGUSR2)
+        os.kill(self.processes.procs[name].pid, signal.SIGUSR2)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with log.open("rb") as f:
@@ -251,20 +197,6 @@ class SoakStack:
         raise StackError(f"{name}: no memory report in {log}:\n{tail(log)}")
 
     def stop(self, grace_s: float = 5.0) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                with contextlib.suppress(OSError):
-                    proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for proc in self.procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.05, deadline - time.monotonic()))
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for pid in self.workers.values():  # orphaned by a parent that had to be killed
-            with contextlib.suppress(OSError):
-                if b"python" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    os.kill(pid, signal.SIGKILL)
-        self.procs.clear()
+        self.processes.stop(grace_s)
+        edge_stack.kill_orphaned_workers(list(self.workers.values()))
         self.workers.clear()
