@@ -241,7 +241,8 @@ address = "{LOCALHOST}:{admin_port}"
 [[pools]]
 name = "{pool}"
 default = true
-{pool_keys}{health_table}{backend_tables}"""
+{pool_keys}
+{health_table}{backend_tables}"""
 
 
 # ------------------------------------------------------------------ waiting

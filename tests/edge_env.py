@@ -10,7 +10,6 @@ import contextlib
 import http.client
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from geoedge import devstack
 from geoedge.pki import CertPaths
 from tests.conftest import PkiFiles
 from tests.tunnel_env import free_port
@@ -32,12 +32,10 @@ def node_available() -> bool:
 
 
 def wait_port(port: int, timeout: float = 10.0, host: str = "127.0.0.1") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection((host, port), 0.2):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on {host}:{port}")
+    try:
+        devstack.wait_port(port, time.monotonic() + timeout, host=host)
+    except devstack.StackError as exc:
+        raise TimeoutError(str(exc)) from None
 
 
 class Processes:
@@ -88,53 +86,30 @@ def write_edge_config(
     """``tls_table``: keys of [tls] itself; ``tls_extra``: keys of the first
     [[tls.certificates]] entry and more entries; ``certificate``: the first
     entry's files (default: ``pki.server``)."""
-    certificate = certificate or pki.server
-    origin_tables = "\n".join(
-        f"""
-[[origins]]
-name = "{name}"
-[origins.tunnel]
-address = "127.0.0.1:{port}"
-server_name = "localhost"
-cert = "{pki.edge.cert}"
-key = "{pki.edge.key}"
-ca = "{pki.ca}"
-connections = 2
-connect_timeout_s = 2.0
-backoff_base_s = 0.05
-backoff_cap_s = 0.5
-"""
-        for name, port in origins
-    )
     path.write_text(
-        f"""
-{extra_top}
-[edge]
-id = "test-edge"
-workers = {workers}
-drain_timeout_s = 5.0
-{edge_keys}
-
-[[listeners]]
-address = "127.0.0.1:{https_port}"
-{listener_extra}
-
-[tls]
-{tls_table}
-[[tls.certificates]]
-cert = "{certificate.cert}"
-key = "{certificate.key}"
-{tls_extra}
-
-[admin]
-address = "127.0.0.1:{admin_port}"
-
-[tunnel]
-ping_interval_s = 0.5
-ping_timeout_s = 2.0
-{extra}
-{origin_tables}
-"""
+        devstack.edge_toml(
+            edge_id="test-edge",
+            https_port=https_port,
+            admin_port=admin_port,
+            certificate=certificate or pki.server,
+            tunnel_cert=pki.edge,
+            ca=pki.ca,
+            origins=origins,
+            workers=workers,
+            tunnel={"ping_interval_s": 0.5, "ping_timeout_s": 2.0},
+            origin_tunnel={
+                "connections": 2,
+                "connect_timeout_s": 2.0,
+                "backoff_base_s": 0.05,
+                "backoff_cap_s": 0.5,
+            },
+            top=extra_top,
+            edge_keys=edge_keys,
+            listener_keys=listener_extra,
+            tls_keys=tls_table,
+            certificate_keys=tls_extra,
+            extra=extra,
+        )
     )
     return path
 
@@ -223,39 +198,22 @@ def write_origin_config(
 ) -> Path:
     """A real origin balancer's config: one default pool over ``backends``;
     ``pool_extra``: more keys of that pool (TOML lines)."""
-    backend_tables = "".join(f'[[pools.backends]]\naddress = "127.0.0.1:{b}"\n' for b in backends)
-    health_table = (
-        '[pools.health]\npath = "/health"\ninterval_s = 0.5\ntimeout_s = 0.4\n' if health else ""
-    )
     path.write_text(
-        f"""
-[origin]
-id = "origin-1"
-workers = 1
-drain_timeout_s = 5.0
-log_json = false
-
-[tunnel_listener]
-address = "127.0.0.1:{port}"
-cert = "{pki.origin.cert}"
-key = "{pki.origin.key}"
-ca = "{pki.ca}"
-allowed_identities = ["edge-1"]
-
-[admin]
-address = "127.0.0.1:{admin_port or free_port()}"
-
-[tunnel]
-ping_interval_s = 0.5
-ping_timeout_s = 2.0
-
-[[pools]]
-name = "app"
-default = true
-{pool_extra}
-{health_table}
-{backend_tables}
-"""
+        devstack.origin_toml(
+            origin_id="origin-1",
+            tunnel_port=port,
+            admin_port=admin_port or free_port(),
+            tunnel_cert=pki.origin,
+            ca=pki.ca,
+            allowed_identities=["edge-1"],
+            backends=backends,
+            health=devstack.HealthCheck("/health", interval_s=0.5, timeout_s=0.4)
+            if health
+            else None,
+            log_json=False,
+            tunnel={"ping_interval_s": 0.5, "ping_timeout_s": 2.0},
+            pool_keys=pool_extra,
+        )
     )
     return path
 
@@ -330,14 +288,7 @@ def edge_stack(
 
 
 def wait_healthy(s: Stack, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", s.admin_port, timeout=2)
-            conn.request("GET", "/healthz")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError("edge never became healthy:\n" + s.log.read_text()[-3000:])
+    try:
+        devstack.wait_healthy(s.admin_port, time.monotonic() + timeout, "edge", s.log)
+    except devstack.StackError as exc:
+        raise TimeoutError(str(exc)) from None
