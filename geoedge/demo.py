@@ -44,12 +44,11 @@ def origin_toml(
     keys: devstack.DevPki, tunnel_port: int, admin_port: int, backends: list[int]
 ) -> str:
     return devstack.origin_toml(
+        keys,
         comment=f"Written by `geoedge demo`: origin balancer, {len(backends)} Node.js backends.",
         origin_id=keys.origin_id,
         tunnel_port=tunnel_port,
         admin_port=admin_port,
-        tunnel_cert=keys.origin,
-        ca=keys.ca,
         allowed_identities=[keys.edge_id],
         listener_keys='transport = "tls"\n',
         backends=backends,
@@ -60,14 +59,12 @@ def origin_toml(
 
 def edge_toml(keys: devstack.DevPki, d: Path, port: int, admin_port: int, tunnel_port: int) -> str:
     return devstack.edge_toml(
+        keys,
         comment=f"Written by `geoedge demo`: one edge terminating TLS on 127.0.0.1:{port}.",
         edge_id=keys.edge_id,
         https_port=port,
         admin_port=admin_port,
-        certificate=keys.server,
         access_log=d / "access.log",
-        tunnel_cert=keys.edge,
-        ca=keys.ca,
         origins=[(keys.origin_id, tunnel_port)],
         origin_tunnel={"connections": 2},
     )

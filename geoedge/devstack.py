@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 from geoedge import pki
 
@@ -89,6 +90,19 @@ def make_dev_pki(
 # ------------------------------------------------------------------ configs
 
 
+class StackKeys(Protocol):
+    """The files the configs name: a :class:`DevPki`, or the tests' own PKI."""
+
+    @property
+    def ca(self) -> Path: ...
+    @property
+    def server(self) -> pki.CertPaths: ...
+    @property
+    def edge(self) -> pki.CertPaths: ...
+    @property
+    def origin(self) -> pki.CertPaths: ...
+
+
 def _keys(values: Mapping[str, object]) -> str:
     """``key = value`` lines (strings quoted, numbers as Python writes them)."""
     return "".join(f"{key} = {_value(value)}\n" for key, value in values.items())
@@ -105,14 +119,13 @@ def _optional(values: Mapping[str, object | None]) -> dict[str, object]:
 
 
 def edge_toml(
+    keys: StackKeys,
     *,
     edge_id: str,
     https_port: int,
     admin_port: int,
-    certificate: pki.CertPaths,
-    tunnel_cert: pki.CertPaths,
-    ca: Path,
     origins: Sequence[tuple[str, int]],
+    certificate: pki.CertPaths | None = None,
     workers: int = 1,
     drain_timeout_s: float = 5.0,
     access_log: str | Path | None = None,
@@ -128,8 +141,9 @@ def edge_toml(
     extra: str = "",
 ) -> str:
     """A local edge: one listener on 127.0.0.1:``https_port`` serving
-    ``certificate``, an admin endpoint, and one tunnel per ``(name, port)`` of
-    ``origins`` authenticated with ``tunnel_cert`` and ``ca``.
+    ``certificate`` (default: ``keys.server``), an admin endpoint, and one
+    tunnel per ``(name, port)`` of ``origins`` authenticated with ``keys.edge``
+    and ``keys.ca``.
 
     ``access_log`` (``""`` turns it off), ``limits`` and ``tunnel`` are the
     [http], [limits] and [tunnel] tables, left out when None; ``origin_tunnel``:
@@ -138,6 +152,7 @@ def edge_toml(
     [[tls.certificates]], which may be followed by more entries); ``top`` goes
     before every table, ``extra`` (tables of the caller's own) after [tunnel].
     """
+    certificate = certificate or keys.server
     origin_tables = "".join(
         f"""
 [[origins]]
@@ -145,9 +160,9 @@ name = "{name}"
 [origins.tunnel]
 address = "{LOCALHOST}:{port}"
 server_name = "localhost"
-cert = "{tunnel_cert.cert}"
-key = "{tunnel_cert.key}"
-ca = "{ca}"
+cert = "{keys.edge.cert}"
+key = "{keys.edge.key}"
+ca = "{keys.ca}"
 {_keys(origin_tunnel or {})}"""
         for name, port in origins
     )
@@ -185,12 +200,11 @@ class HealthCheck:
 
 
 def origin_toml(
+    keys: StackKeys,
     *,
     origin_id: str,
     tunnel_port: int,
     admin_port: int,
-    tunnel_cert: pki.CertPaths,
-    ca: Path,
     allowed_identities: Iterable[str],
     backends: Sequence[int],
     pool: str = "app",
@@ -206,7 +220,8 @@ def origin_toml(
     pool_keys: str = "",
 ) -> str:
     """A local origin balancer: a tunnel listener on 127.0.0.1:``tunnel_port``
-    that accepts the edges named in ``allowed_identities``, an admin endpoint,
+    (``keys.origin``, ``keys.ca``) that accepts the edges named in
+    ``allowed_identities``, an admin endpoint,
     and one default pool ``pool`` over the ``backends`` ports of 127.0.0.1.
 
     ``log_level``, ``access_log`` and ``log_json`` are keys of [origin], left
@@ -230,9 +245,9 @@ drain_timeout_s = {drain_timeout_s}
 {origin_keys}
 [tunnel_listener]
 address = "{LOCALHOST}:{tunnel_port}"
-cert = "{tunnel_cert.cert}"
-key = "{tunnel_cert.key}"
-ca = "{ca}"
+cert = "{keys.origin.cert}"
+key = "{keys.origin.key}"
+ca = "{keys.ca}"
 allowed_identities = [{identities}]
 {listener_keys}
 [admin]

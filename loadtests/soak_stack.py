@@ -57,12 +57,10 @@ def edge_toml(keys: DevPki, ports: Ports) -> str:
     """One worker, no access log (thousands of lines a second otherwise), no cap
     per client address (the soak's thousands of WebSockets all come from 127.0.0.1)."""
     return devstack.edge_toml(
+        keys,
         edge_id=keys.edge_id,
         https_port=ports.edge,
         admin_port=ports.edge_admin,
-        certificate=keys.server,
-        tunnel_cert=keys.edge,
-        ca=keys.ca,
         origins=[(keys.origin_id, ports.tunnel)],
         drain_timeout_s=2.0,
         access_log="",
@@ -72,11 +70,10 @@ def edge_toml(keys: DevPki, ports: Ports) -> str:
 
 def origin_toml(keys: DevPki, ports: Ports) -> str:
     return devstack.origin_toml(
+        keys,
         origin_id=keys.origin_id,
         tunnel_port=ports.tunnel,
         admin_port=ports.origin_admin,
-        tunnel_cert=keys.origin,
-        ca=keys.ca,
         allowed_identities=[keys.edge_id],
         backends=ports.nodes,
         pool="node",

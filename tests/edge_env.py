@@ -88,12 +88,11 @@ def write_edge_config(
     entry's files (default: ``pki.server``)."""
     path.write_text(
         devstack.edge_toml(
+            pki,
             edge_id="test-edge",
             https_port=https_port,
             admin_port=admin_port,
-            certificate=certificate or pki.server,
-            tunnel_cert=pki.edge,
-            ca=pki.ca,
+            certificate=certificate,
             origins=origins,
             workers=workers,
             tunnel={"ping_interval_s": 0.5, "ping_timeout_s": 2.0},
@@ -200,11 +199,10 @@ def write_origin_config(
     ``pool_extra``: more keys of that pool (TOML lines)."""
     path.write_text(
         devstack.origin_toml(
+            pki,
             origin_id="origin-1",
             tunnel_port=port,
             admin_port=admin_port or free_port(),
-            tunnel_cert=pki.origin,
-            ca=pki.ca,
             allowed_identities=["edge-1"],
             backends=backends,
             health=devstack.HealthCheck("/health", interval_s=0.5, timeout_s=0.4)

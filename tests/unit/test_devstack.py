@@ -25,13 +25,11 @@ def test_edge_toml_with_every_table_loads(keys: devstack.DevPki, tmp_path: Path)
     path = tmp_path / "edge.toml"
     path.write_text(
         devstack.edge_toml(
+            keys,
             comment="every option",
             edge_id=keys.edge_id,
             https_port=8443,
             admin_port=9100,
-            certificate=keys.server,
-            tunnel_cert=keys.edge,
-            ca=keys.ca,
             origins=[("origin-a", 7000), ("origin-b", 7001)],
             workers=2,
             drain_timeout_s=1.5,
@@ -56,19 +54,17 @@ def test_edge_toml_with_every_table_loads(keys: devstack.DevPki, tmp_path: Path)
     assert [origin.name for origin in config.origins] == ["origin-a", "origin-b"]
     tunnel = config.origins[1].tunnel
     assert (tunnel.address, tunnel.connections) == ("127.0.0.1:7001", 3)
-    assert Path(tunnel.ca) == keys.ca
+    assert tunnel.ca == keys.ca
 
 
 def test_edge_toml_with_defaults_loads(keys: devstack.DevPki, tmp_path: Path) -> None:
     path = tmp_path / "edge.toml"
     path.write_text(
         devstack.edge_toml(
+            keys,
             edge_id=keys.edge_id,
             https_port=8443,
             admin_port=9100,
-            certificate=keys.server,
-            tunnel_cert=keys.edge,
-            ca=keys.ca,
             origins=[(keys.origin_id, 7000)],
             access_log="",
         )
@@ -82,12 +78,11 @@ def test_origin_toml_with_every_table_loads(keys: devstack.DevPki, tmp_path: Pat
     path = tmp_path / "origin.toml"
     path.write_text(
         devstack.origin_toml(
+            keys,
             comment="every option",
             origin_id=keys.origin_id,
             tunnel_port=7000,
             admin_port=9200,
-            tunnel_cert=keys.origin,
-            ca=keys.ca,
             allowed_identities=[keys.edge_id, "another-edge"],
             backends=[3000, 3001],
             pool="node",
@@ -115,6 +110,7 @@ def test_origin_toml_with_every_table_loads(keys: devstack.DevPki, tmp_path: Pat
         "127.0.0.1:3000",
         "127.0.0.1:3001",
     ]
+    assert pool.health is not None
     assert (pool.health.path, pool.health.interval_s, pool.health.timeout_s) == (
         "/health",
         0.5,
@@ -126,11 +122,10 @@ def test_origin_toml_with_defaults_loads(keys: devstack.DevPki, tmp_path: Path) 
     path = tmp_path / "origin.toml"
     path.write_text(
         devstack.origin_toml(
+            keys,
             origin_id=keys.origin_id,
             tunnel_port=7000,
             admin_port=9200,
-            tunnel_cert=keys.origin,
-            ca=keys.ca,
             allowed_identities=[keys.edge_id],
             backends=[3000],
         )
