@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -141,33 +142,78 @@ class Ports:
     haproxy: int = field(default_factory=free_port)
 
 
-def edge_toml(keys: DevPki, ports: Ports) -> str:
-    """One worker, no access log (HAProxy logs nothing either), defaults otherwise,
-    but for the per-address connection cap: every benchmark client is 127.0.0.1."""
+def quiet_edge_toml(
+    keys: DevPki,
+    *,
+    https_port: int,
+    admin_port: int,
+    tunnel_port: int,
+    drain_timeout_s: float,
+    max_connections: int,
+) -> str:
+    """The load tests' edge: one worker, no access log, defaults otherwise, but
+    for the connection caps, the one per address included (every load test
+    client is 127.0.0.1)."""
     return devstack.edge_toml(
         keys,
         edge_id=keys.edge_id,
+        https_port=https_port,
+        admin_port=admin_port,
+        origins=[(keys.origin_id, tunnel_port)],
+        drain_timeout_s=drain_timeout_s,
+        access_log="",
+        limits={
+            "max_connections": max_connections,
+            "max_connections_per_client_ip": max_connections,
+        },
+    )
+
+
+def quiet_origin_toml(
+    keys: DevPki,
+    *,
+    tunnel_port: int,
+    admin_port: int,
+    backends: Sequence[int],
+    drain_timeout_s: float,
+    health: devstack.HealthCheck | None = None,
+) -> str:
+    """The load tests' origin: one worker logging warnings only, no access log,
+    one pool ("node") over ``backends``."""
+    return devstack.origin_toml(
+        keys,
+        origin_id=keys.origin_id,
+        tunnel_port=tunnel_port,
+        admin_port=admin_port,
+        allowed_identities=[keys.edge_id],
+        backends=backends,
+        pool="node",
+        health=health,
+        drain_timeout_s=drain_timeout_s,
+        log_level="warning",
+        access_log="",
+    )
+
+
+def edge_toml(keys: DevPki, ports: Ports) -> str:
+    """HAProxy logs nothing either."""
+    return quiet_edge_toml(
+        keys,
         https_port=ports.edge,
         admin_port=ports.edge_admin,
-        origins=[(keys.origin_id, ports.tunnel)],
+        tunnel_port=ports.tunnel,
         drain_timeout_s=1.0,
-        access_log="",
-        limits={"max_connections": 100000, "max_connections_per_client_ip": 100000},
+        max_connections=100000,
     )
 
 
 def origin_toml(keys: DevPki, ports: Ports) -> str:
-    return devstack.origin_toml(
+    return quiet_origin_toml(
         keys,
-        origin_id=keys.origin_id,
         tunnel_port=ports.tunnel,
         admin_port=ports.origin_admin,
-        allowed_identities=[keys.edge_id],
         backends=[ports.node],
-        pool="node",
         drain_timeout_s=1.0,
-        log_level="warning",
-        access_log="",
     )
 
 

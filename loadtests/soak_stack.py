@@ -54,33 +54,26 @@ def make_pki(directory: Path) -> DevPki:
 
 
 def edge_toml(keys: DevPki, ports: Ports) -> str:
-    """One worker, no access log (thousands of lines a second otherwise), no cap
-    per client address (the soak's thousands of WebSockets all come from 127.0.0.1)."""
-    return devstack.edge_toml(
+    """No access log (thousands of lines a second otherwise); the soak's
+    thousands of WebSockets all come from 127.0.0.1."""
+    return edge_stack.quiet_edge_toml(
         keys,
-        edge_id=keys.edge_id,
         https_port=ports.edge,
         admin_port=ports.edge_admin,
-        origins=[(keys.origin_id, ports.tunnel)],
+        tunnel_port=ports.tunnel,
         drain_timeout_s=2.0,
-        access_log="",
-        limits={"max_connections": 20000, "max_connections_per_client_ip": 20000},
+        max_connections=20000,
     )
 
 
 def origin_toml(keys: DevPki, ports: Ports) -> str:
-    return devstack.origin_toml(
+    return edge_stack.quiet_origin_toml(
         keys,
-        origin_id=keys.origin_id,
         tunnel_port=ports.tunnel,
         admin_port=ports.origin_admin,
-        allowed_identities=[keys.edge_id],
         backends=ports.nodes,
-        pool="node",
-        health=devstack.HealthCheck("/health", interval_s=2.0),
         drain_timeout_s=2.0,
-        log_level="warning",
-        access_log="",
+        health=devstack.HealthCheck("/health", interval_s=2.0),
     )
 
 
