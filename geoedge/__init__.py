@@ -13,6 +13,8 @@ concern:
 - the ``geoedge`` command and its tools: :mod:`geoedge.cli`, :mod:`geoedge.pki`,
   :mod:`geoedge.wireguard`, :mod:`geoedge.host_init`, :mod:`geoedge.preflight`,
   :mod:`geoedge.demo`, :mod:`geoedge.assets` (the shipped deployment files)
+- the local stack the demo, the tests and the load tests run (throwaway PKI,
+  ports, configs, processes): :mod:`geoedge.devstack`
 
 The package shares the distribution's name, so it cannot collide with another
 distribution's in site-packages (the three daemon packages keep the folder names
