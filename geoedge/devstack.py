@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from geoedge import pki
+from geoedge.config import toml_key, toml_value
 
 LOCALHOST = "127.0.0.1"
 
@@ -104,14 +105,8 @@ class StackKeys(Protocol):
 
 
 def _keys(values: Mapping[str, object]) -> str:
-    """``key = value`` lines (strings quoted, numbers as Python writes them)."""
-    return "".join(f"{key} = {_value(value)}\n" for key, value in values.items())
-
-
-def _value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return f'"{value}"' if isinstance(value, str | Path) else str(value)
+    """``key = value`` lines, written as the config renderer writes them."""
+    return "".join(f"{toml_key(key)} = {toml_value(value)}\n" for key, value in values.items())
 
 
 def _optional(values: Mapping[str, object | None]) -> dict[str, object]:
@@ -231,7 +226,7 @@ def origin_toml(
     origin_keys = _keys(
         _optional({"log_level": log_level, "access_log": access_log, "log_json": log_json})
     )
-    identities = ", ".join(f'"{identity}"' for identity in allowed_identities)
+    identities = toml_value(list(allowed_identities))
     tunnel_table = "" if tunnel is None else f"\n[tunnel]\n{_keys(tunnel)}"
     health_table = "" if health is None else f"[pools.health]\n{_keys(_optional(asdict(health)))}"
     backend_tables = "".join(
@@ -248,7 +243,7 @@ address = "{LOCALHOST}:{tunnel_port}"
 cert = "{keys.origin.cert}"
 key = "{keys.origin.key}"
 ca = "{keys.ca}"
-allowed_identities = [{identities}]
+allowed_identities = {identities}
 {listener_keys}
 [admin]
 address = "{LOCALHOST}:{admin_port}"
