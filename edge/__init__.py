@@ -15,7 +15,8 @@ Its shape is the origin's (:mod:`origin`), one module per concern:
   :mod:`edge.exchange_wait`, :mod:`edge.exchange_websocket`; its pure decisions in
   :mod:`edge.exchange_rules`), which only sees the worker through :mod:`edge.services`;
 - sans-I/O codecs: :mod:`edge.http1` (HTTP/1.1 heads and bodies), :mod:`edge.h2_translate`,
-  :mod:`edge.ws_frames`, :mod:`edge.stream_metadata`;
+  :mod:`edge.h2_encoder` (HPACK for response heads), :mod:`edge.ws_frames`,
+  :mod:`edge.stream_metadata`;
 - :mod:`edge.config`, :mod:`edge.metrics`, :mod:`edge.tls` (certificates, SNI; with
   :mod:`edge.openssl`),
   :mod:`edge.ocsp`, :mod:`edge.deadlines`, :mod:`edge.admission`, :mod:`edge.ledger`,
