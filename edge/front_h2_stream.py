@@ -29,7 +29,6 @@ from typing import Protocol
 import h2.connection
 import h2.errors
 import h2.exceptions
-import hpack
 
 from edge.exchange import Exchange, RequestRecord
 from edge.h2_translate import response_fields
@@ -85,6 +84,7 @@ class ClientStream:
         "chunked",
         "client_active_at",
         "closed",
+        "delivering",
         "end_pending",
         "exchange",
         "out",
@@ -121,12 +121,16 @@ class ClientStream:
         self.out_bytes = 0
         self.end_pending = False  # END_STREAM to send once ``out`` is sent
         self.closed = False  # reset or ended: nothing more is sent on it
+        self.delivering = False  # inside the exchange's writes_begin/writes_end
         self.client_active_at = now
         self.blocked_since = 0.0  # 0: not waiting for the client's window
 
     # -- edge.exchange.ExchangeClient -------------------------------------------------
 
     def writes_begin(self) -> None:
+        # Body bytes delivered from here on are sent at writes_end (or with the
+        # response's end), so that the last DATA frame can carry END_STREAM.
+        self.delivering = True
         self.session.batching += 1
 
     def writes_end(self) -> None:
@@ -134,6 +138,9 @@ class ClientStream:
         # tunnel, each in its own writes_begin/end: what they queued goes out
         # once this turn of the event loop is over, as one write (one TLS
         # record, one send) instead of one per stream.
+        self.delivering = False
+        if self.out and not self.closed:
+            self.pump()
         session = self.session
         session.batching -= 1
         if not session.batching and not session.flush_soon:
@@ -150,10 +157,7 @@ class ClientStream:
         fields = response_fields(head.status, head.headers, websocket=self.websocket, extra=hsts)
         record = exchange.record
         if record.request_id and not any(n == b"x-request-id" for n, _ in head.headers):
-            # Unique per response: indexing it would only churn the HPACK table.
-            fields.append(
-                hpack.NeverIndexedHeaderTuple(b"x-request-id", record.request_id.encode())
-            )
+            fields.append((b"x-request-id", record.request_id.encode()))
         self.send_headers(fields)
         if self.record is not None:
             self.record.bytes_out += len(head.head)
@@ -163,7 +167,8 @@ class ClientStream:
             return
         self.out.append(data)
         self.out_bytes += len(data)
-        self.pump()
+        if not self.delivering:
+            self.pump()
 
     def response_complete(self, exchange: Exchange, close: bool) -> None:
         self.end_pending = True
@@ -227,6 +232,7 @@ class ClientStream:
         conn = session.conn
         stream_id = self.stream_id
         out = self.out
+        ended = False  # END_STREAM went out on the last DATA frame
         while out and not self.closed:
             try:
                 window = conn.local_flow_control_window(stream_id)
@@ -243,7 +249,8 @@ class ClientStream:
             else:
                 out.popleft()
             self.out_bytes -= len(chunk)
-            conn.send_data(stream_id, chunk)
+            ended = not out and self.end_pending
+            conn.send_data(stream_id, chunk, end_stream=ended)
             if self.record is not None:
                 self.record.bytes_out += len(chunk)
         exchange = self.exchange
@@ -257,10 +264,11 @@ class ClientStream:
                 exchange.resume_response()  # may deliver, queue and pump again, here
             if self.end_pending and not self.closed and not out:
                 self.end_pending = False
-                try:
-                    conn.end_stream(stream_id)
-                except _SEND_FAILED:
-                    pass
+                if not ended:
+                    try:
+                        conn.end_stream(stream_id)
+                    except _SEND_FAILED:
+                        pass
                 self.closed = True
                 self.settle()
         session.flush()

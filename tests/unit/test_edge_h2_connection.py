@@ -1,0 +1,114 @@
+"""The edge's HTTP/2 front end on fake transports: frames a real h2 client
+reads, for responses delivered the way the tunnel delivers them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
+import hyperframe.frame
+
+from edge.front_h2 import Http2Connection
+from tests.conftest import run_async
+from tests.edge_fakes import FakeClientTransport, FakeServices
+
+REQUEST = [(b":method", b"GET"), (b":path", b"/a"), (b":scheme", b"https"), (b":authority", b"e")]
+SMALL = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello"
+
+
+def _frames(data: bytes) -> list[hyperframe.frame.Frame]:
+    frames = []
+    while data:
+        frame, length = hyperframe.frame.Frame.parse_frame_header(memoryview(data[:9]))
+        frame.parse_body(memoryview(data[9 : 9 + length]))
+        frames.append(frame)
+        data = data[9 + length :]
+    return frames
+
+
+async def _connect(
+    stream_window: int = 65535,
+) -> tuple[Http2Connection, FakeClientTransport, FakeServices, h2.connection.H2Connection]:
+    services = FakeServices()
+    transport = FakeClientTransport()
+    server = Http2Connection(services, trusted=False)
+    server.connection_made(transport)
+    client = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding=None)
+    )
+    client.local_settings = h2.settings.Settings(
+        client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: stream_window}
+    )
+    client.initiate_connection()
+    server.data_received(client.data_to_send())
+    await asyncio.sleep(0)
+    client.receive_data(transport.take())
+    server.data_received(client.data_to_send())  # the SETTINGS ack
+    await asyncio.sleep(0)
+    transport.take()
+    return server, transport, services, client
+
+
+async def _flushed(transport: FakeClientTransport) -> bytes:
+    await asyncio.sleep(0)  # the session writes once per turn of the event loop
+    await asyncio.sleep(0)
+    return transport.take()
+
+
+def test_a_response_read_in_one_piece_ends_on_its_data_frame() -> None:
+    async def run() -> None:
+        server, transport, services, client = await _connect()
+        client.send_headers(1, REQUEST, end_stream=True)
+        server.data_received(client.data_to_send())
+        (stream,) = services.streams
+        assert stream.sent.startswith(b"GET /a HTTP/1.1\r\n")
+        stream.respond(SMALL)
+        frames = [f for f in _frames(await _flushed(transport)) if f.stream_id == 1]
+        assert [type(f).__name__ for f in frames] == ["HeadersFrame", "DataFrame"]
+        assert frames[1].data == b"hello" and "END_STREAM" in frames[1].flags
+        events = client.receive_data(b"".join(f.serialize() for f in frames))
+        (head,) = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
+        assert (b":status", b"200") in head.headers
+        assert (b"x-request-id", b"req0001") in head.headers
+        assert any(isinstance(e, h2.events.StreamEnded) for e in events)
+
+    run_async(run())
+
+
+def test_a_body_in_pieces_ends_once_its_last_piece_is_sent() -> None:
+    async def run() -> None:
+        server, transport, services, client = await _connect()
+        client.send_headers(1, REQUEST, end_stream=True)
+        server.data_received(client.data_to_send())
+        (stream,) = services.streams
+        stream.respond(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nabc")
+        first = [f for f in _frames(await _flushed(transport)) if f.stream_id == 1]
+        assert [f.data for f in first[1:]] == [b"abc"]
+        assert "END_STREAM" not in first[1].flags
+        stream.respond(b"def")
+        last = [f for f in _frames(await _flushed(transport)) if f.stream_id == 1]
+        assert [(f.data, "END_STREAM" in f.flags) for f in last] == [(b"def", True)]
+
+    run_async(run())
+
+
+def test_a_body_held_by_the_clients_window_ends_when_the_window_opens() -> None:
+    async def run() -> None:
+        server, transport, services, client = await _connect(stream_window=3)
+        client.send_headers(1, REQUEST, end_stream=True)
+        server.data_received(client.data_to_send())
+        (stream,) = services.streams
+        stream.respond(SMALL)
+        frames = [f for f in _frames(await _flushed(transport)) if f.stream_id == 1]
+        assert [(f.data, "END_STREAM" in f.flags) for f in frames[1:]] == [(b"hel", False)]
+        client.receive_data(b"".join(f.serialize() for f in frames))
+        client.increment_flow_control_window(10, stream_id=1)
+        server.data_received(client.data_to_send())
+        rest = [f for f in _frames(await _flushed(transport)) if f.stream_id == 1]
+        assert b"".join(f.data for f in rest) == b"lo"
+        assert "END_STREAM" in rest[-1].flags
+
+    run_async(run())
