@@ -182,6 +182,7 @@ class CertificateStore:
         )
         if not config.session_tickets:
             context.options |= ssl.OP_NO_TICKET
+        context.num_tickets = config.tickets_per_handshake
         if config.groups:
             try:
                 openssl.set_groups(context, config.groups)

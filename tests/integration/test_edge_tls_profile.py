@@ -116,6 +116,51 @@ needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="no o
 
 
 @needs_openssl
+class _TicketCounter:
+    """A TLS 1.3 client context that counts the NewSessionTicket messages it reads."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.tickets = 0
+        self.context = stack.tls_context()
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_3
+        self.context._msg_callback = self._on_message  # type: ignore[attr-defined]
+
+    def _on_message(
+        self,
+        conn: object,
+        direction: str,
+        version: object,
+        content: object,
+        kind: object,
+        data: bytes,
+    ) -> None:
+        if direction == "read" and kind == ssl._TLSMessageType.NEWSESSION_TICKET:  # type: ignore[attr-defined]
+            self.tickets += 1
+
+    def connect(self, session: ssl.SSLSession | None = None) -> tuple[ssl.SSLSession | None, bool]:
+        """One connection carrying one request: (its session, whether it resumed ``session``)."""
+        with (
+            socket.create_connection(("127.0.0.1", self.stack.https_port), timeout=5) as raw,
+            self.context.wrap_socket(raw, server_hostname="localhost", session=session) as tls,
+        ):
+            _one_request(tls)  # the tickets come after the handshake, before the response
+            return tls.session, tls.session_reused
+
+
+@pytest.mark.parametrize("configured", [None, 3])
+def test_tls13_sends_the_configured_tickets_and_each_resumes(
+    test_pki: PkiFiles, tmp_path: Path, configured: int | None
+) -> None:
+    table = "" if configured is None else f"tickets_per_handshake = {configured}"
+    with edge_stack(test_pki, tmp_path, tls_table=table) as stack:
+        client = _TicketCounter(stack)
+        session, _ = client.connect()
+        assert client.tickets == (configured or 1)  # one by default, not OpenSSL's two
+        _, resumed = client.connect(session)
+        assert resumed
+
+
 def test_default_groups_are_mozilla_intermediate(test_pki: PkiFiles, tmp_path: Path) -> None:
     with edge_stack(test_pki, tmp_path) as stack:
         port, ca = stack.https_port, test_pki.ca

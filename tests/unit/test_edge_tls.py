@@ -102,11 +102,11 @@ def test_hsts_value(test_pki: PkiFiles) -> None:
         ("hsts_include_subdomains = true", "need hsts_max_age_s > 0"),
         ("hsts_max_age_s = 300\nhsts_include_subdomains = true\nhsts_preload = true", "a year"),
         ("hsts_max_age_s = 31536000\nhsts_preload = true", "hsts_include_subdomains"),
+        ("tickets_per_handshake = 0", "tickets_per_handshake must be 1..16"),
+        ("tickets_per_handshake = 17", "tickets_per_handshake must be 1..16"),
     ],
 )
-def test_hsts_settings_that_cannot_work_are_refused(
-    tmp_path: Path, keys: str, message: str
-) -> None:
+def test_tls_settings_that_cannot_work_are_refused(tmp_path: Path, keys: str, message: str) -> None:
     with pytest.raises(ConfigError, match=rf"edge.toml: \[tls\] .*{message}"):
         load_config(write_edge_toml(tmp_path, tls_keys=keys), EdgeConfig)
 
