@@ -203,6 +203,8 @@ class Http2Connection(asyncio.Protocol):
             self._on_request(event)
         elif isinstance(event, h2.events.DataReceived):
             self._on_data(event)
+        elif isinstance(event, h2.events.TrailersReceived):
+            self._on_trailers(event)
         elif isinstance(event, h2.events.StreamEnded):
             self._on_stream_ended(event.stream_id)
         elif isinstance(event, h2.events.StreamReset):
@@ -321,6 +323,17 @@ class Http2Connection(asyncio.Protocol):
         if not stream.request_paused:
             stream.credit()
 
+    def _on_trailers(self, event: h2.events.TrailersReceived) -> None:
+        """Trailers go up in the last chunk of a chunk-framed body, through the
+        reader's trailer rules; after a body framed by its content-length,
+        HTTP/1.1 has nowhere to put them, and they are dropped (RFC 9110 §6.5.1
+        lets a recipient discard trailers)."""
+        stream = self._session.streams.get(event.stream_id)
+        if stream is not None and stream.chunked:
+            stream.trailers = b"".join(
+                name + b": " + value + b"\r\n" for name, value in event.headers
+            )
+
     def _on_stream_ended(self, stream_id: int) -> None:
         stream = self._session.streams.get(stream_id)
         if stream is None or stream.exchange is None:
@@ -328,7 +341,7 @@ class Http2Connection(asyncio.Protocol):
         if stream.exchange.upgraded:
             stream.exchange.client_half_closed()
         elif stream.chunked:
-            self._dispatch(stream, stream.reader.feed(b"0\r\n\r\n"))
+            self._dispatch(stream, stream.reader.feed(b"0\r\n" + stream.trailers + b"\r\n"))
         elif not stream.exchange.request_whole:  # shorter than its content-length
             self._dispatch(stream, stream.reader.feed_eof())
 

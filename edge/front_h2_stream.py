@@ -94,6 +94,7 @@ class ClientStream:
         "request_paused",
         "session",
         "stream_id",
+        "trailers",
         "unacked",
         "websocket",
     )
@@ -112,6 +113,7 @@ class ClientStream:
         self.stream_id = stream_id
         self.reader = reader
         self.chunked = chunked  # the request's DATA is sent up chunk-framed
+        self.trailers = b""  # the request's trailer fields, as HTTP/1.1 field lines
         self.websocket = websocket  # an RFC 8441 extended CONNECT
         self.exchange: Exchange | None = None
         self.record: RequestRecord | None = None

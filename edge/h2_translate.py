@@ -14,7 +14,9 @@ fields, valid pseudo-header sets), so the head written here is well formed.
   RFC 9113 §8.3.1 makes them the same); ``:method`` and ``:path`` the request
   line; ``cookie`` fields are joined with ``"; "`` (§8.2.3).
 - A request with a body and no ``content-length`` is sent up chunked (the
-  front end chunk-frames its DATA).
+  front end chunk-frames its DATA, and puts its trailers, if any, in the last
+  chunk, where the HTTP/1.1 reader's trailer rules apply); after a body with
+  a ``content-length`` HTTP/1.1 cannot carry trailers, and they are dropped.
 - Extended CONNECT with ``:protocol websocket`` (RFC 8441) becomes an
   HTTP/1.1 WebSocket handshake with a key of the edge's own; the backend's
   101 becomes a ``200``.

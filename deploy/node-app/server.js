@@ -195,7 +195,11 @@ function upload(req, res) {
     bytes += chunk.length;
     hash.update(chunk);
   });
-  req.on('end', () => sendJson(res, 200, { bytes, sha256: hash.digest('hex') }));
+  req.on('end', () => {
+    const result = { bytes, sha256: hash.digest('hex') };
+    if (Object.keys(req.trailers).length > 0) result.trailers = req.trailers; // a chunked body's
+    sendJson(res, 200, result);
+  });
 }
 
 function once(req, res, state) {

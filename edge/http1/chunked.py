@@ -41,6 +41,7 @@ class ChunkedScanner:
         "_max_trailer",
         "_remaining",
         "_state",
+        "trailers",
     )
 
     def __init__(self, limits: HttpLimits, max_body_bytes: int | None = None) -> None:
@@ -51,6 +52,8 @@ class ChunkedScanner:
         self._max_trailer = limits.max_header_bytes
         self._state = _SIZE
         self._remaining = 0
+        self.trailers = b""
+        """The trailer section's field lines, each ending in CRLF, once :attr:`done`."""
 
     @property
     def done(self) -> bool:
@@ -158,5 +161,6 @@ class ChunkedScanner:
             return pos
         if TRAILER_SECTION_RE.fullmatch(data, pos, end + 2) is None:
             raise MessageRejected(400, "invalid trailer section")
+        self.trailers = data[pos : end + 2]
         self._state = _DONE
         return end + 4

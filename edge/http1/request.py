@@ -10,10 +10,13 @@ Choices documented here (the head rules live in :mod:`edge.http1.request_head`):
 
 - Chunked bodies are re-encoded, never passed through: each run of payload
   bytes received becomes one complete chunk (``<hex>\\r\\n<data>\\r\\n``), chunk
-  extensions are dropped, and the body ends with ``0\\r\\n\\r\\n``. Trailer
-  fields are validated and *dropped*: they would be a second header section
-  for the forwarding rules to police (a client could put ``X-Forwarded-For``
-  there), and Node.js applications practically never read request trailers.
+  extensions are dropped, and the body ends with the last chunk and the
+  trailer fields that may go on (:func:`~edge.http1.request_head.forwardable_trailers`):
+  a trailer section is a second header section, so every field the head
+  rules police (framing, Host, hop-by-hop, forwarding, request id, trace
+  context) and every field RFC 9110 §6.5.1 keeps out of trailers
+  (authentication, cookies, request modifiers, content metadata) is dropped
+  from it; the rest reach Node.js (``req.trailers``).
 - A request that does not keep the connection alive (``Connection: close``,
   HTTP/1.0 without keep-alive) ends the conversation: bytes the client
   pipelines after it are discarded (RFC 9112 §9.6).
@@ -48,11 +51,9 @@ from edge.http1.events import (
 )
 from edge.http1.head import HeadParser
 from edge.http1.limits import ClientContext, HttpLimits
-from edge.http1.request_head import ForwardingIdentity, build_request_head
+from edge.http1.request_head import ForwardingIdentity, build_request_head, forwardable_trailers
 
 _HEAD, _BODY_LENGTH, _BODY_CHUNKED, _UPGRADE_HELD, _TUNNEL, _DRAINING, _DEAD = range(7)
-
-_LAST_CHUNK = b"0\r\n\r\n"
 
 
 class RequestReader:
@@ -252,7 +253,7 @@ class RequestReader:
             for start, stop in spans:
                 parts += (b"%x\r\n" % (stop - start), view[start:stop], b"\r\n")
         if scanner.done:
-            parts.append(_LAST_CHUNK)
+            parts += (b"0\r\n", forwardable_trailers(scanner.trailers), b"\r\n")
         if parts:
             events.append(RequestBodyReceived(b"".join(parts)))
         if scanner.done:

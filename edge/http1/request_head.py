@@ -26,8 +26,8 @@ to proxy to, so a mismatch is a confused or malicious client → 400). CONNECT
 Hop-by-hop fields are dropped: ``Connection`` and the fields it nominates
 (except Host and the forwarding fields, which a client must not be able to
 delete: the "hop-by-hop abuse" attack), ``Keep-Alive``,
-``Proxy-Connection``, ``TE``, ``Trailer`` (trailers are dropped, see
-:mod:`edge.http1.request`), ``HTTP2-Settings`` and ``Upgrade`` (so
+``Proxy-Connection``, ``TE``, ``Trailer`` (a chunked body's trailer
+fields go on as :func:`forwardable_trailers` says), ``HTTP2-Settings`` and ``Upgrade`` (so
 ``Upgrade: h2c`` never reaches the backend) unless the request is a valid
 WebSocket handshake. Persistence towards the backend: an HTTP/1.1 request
 always goes up keep-alive, even when the client asked to close (the edge
@@ -129,6 +129,18 @@ _UNNOMINATABLE = frozenset(
 """Fields ``Connection`` may not delete (the others it could name are ours anyway)."""
 
 _CONNECTION_OPTIONS = frozenset({b"close", b"keep-alive", b"upgrade"})
+
+_TRAILERS_DROPPED = frozenset(_KINDS) | {
+    # RFC 9110 §6.5.1: what a recipient must not take from a trailer section:
+    # authentication, request modifiers (controls, conditionals, range) and
+    # content metadata.
+    b"authorization", b"proxy-authorization", b"cookie",
+    b"cache-control", b"expect", b"max-forwards", b"pragma", b"range",
+    b"if-match", b"if-none-match", b"if-modified-since", b"if-unmodified-since", b"if-range",
+    b"content-encoding", b"content-type", b"content-range", b"content-language",
+    b"content-location", b"digest", b"content-digest",
+}  # fmt: skip
+"""Besides these, every field the head rules police (:data:`_KINDS`)."""
 
 _ABSOLUTE_FORM_RE = re.compile(rb"([A-Za-z][A-Za-z0-9+.\-]*)://([^/?#]*)(.*)", re.S)
 
@@ -423,6 +435,24 @@ def _append_trace_context(
     span_id = hashlib.blake2b(request_id, digest_size=8, person=b"geoedge-span").hexdigest()
     out.append((b"traceparent", b"traceparent", f"00-{trace_id}-{span_id}-01".encode()))
     return trace_id
+
+
+def forwardable_trailers(section: bytes) -> bytes:
+    """The field lines of a request's trailer section (validated, each ending in
+    CRLF) that go on to the backend: a trailer is a second header section, and a
+    client must not get past the head rules there (an ``X-Forwarded-For``, a
+    ``Host``, a ``Content-Length``, their underscore spellings) nor have a
+    field RFC 9110 §6.5.1 keeps out of trailers read as if it were in the head."""
+    if not section:
+        return b""
+    dropped = _TRAILERS_DROPPED
+    kept = []
+    for line in section.split(b"\r\n")[:-1]:
+        name = line.partition(b":")[0].lower()
+        if name in dropped or (b"_" in name and name.replace(b"_", b"-") in dropped):
+            continue
+        kept.append(line + b"\r\n")
+    return b"".join(kept)
 
 
 def _forwarded_value(value: bytes) -> bytes:

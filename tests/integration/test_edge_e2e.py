@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import http.client
 import json
 import os
 import shutil
@@ -103,6 +104,21 @@ def test_chunked_upload_and_download(stack: Stack) -> None:
     body = response.read()
     assert body == bytes(i % 251 for i in range(300000))
     conn.close()
+
+
+def test_chunked_upload_trailers_reach_node_without_policed_fields(stack: Stack) -> None:
+    head = b"POST /upload HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
+    body = b"5\r\nhello\r\n0\r\nX-Checksum: 77\r\nX-Forwarded-For: 6.6.6.6\r\nHost: evil\r\n\r\n"
+    with (
+        socket.create_connection(("127.0.0.1", stack.https_port), timeout=10) as raw,
+        stack.tls_context().wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        tls.sendall(head + body)
+        response = http.client.HTTPResponse(tls)  # type: ignore[arg-type]
+        response.begin()
+        result = json.loads(response.read())
+    assert response.status == 200
+    assert result["bytes"] == 5 and result["trailers"] == {"x-checksum": "77"}
 
 
 def test_ten_megabytes_both_ways_by_hash(stack: Stack) -> None:

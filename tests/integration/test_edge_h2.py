@@ -86,6 +86,20 @@ def test_a_large_response_and_uploads_arrive_whole(stack: Stack) -> None:
     c.close()
 
 
+def test_request_trailers_reach_node_after_a_chunked_body(stack: Stack) -> None:
+    c = client(stack)
+    stream_id = c.request("/upload", "POST", body=b"hello", end=False)
+    c.conn.send_headers(
+        stream_id, [(b"x-checksum", b"77"), (b"x-forwarded-for", b"6.6.6.6")], end_stream=True
+    )
+    c.flush()
+    (response,) = c.wait([stream_id], timeout=scaled(10))
+    assert response.status == 200, response
+    result = json.loads(response.data)
+    assert result["bytes"] == 5 and result["trailers"] == {"x-checksum": "77"}
+    c.close()
+
+
 def test_the_request_reaches_node_as_http11_with_the_edges_rules(stack: Stack) -> None:
     c = client(stack)
     (response,) = c.wait(

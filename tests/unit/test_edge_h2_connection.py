@@ -112,3 +112,32 @@ def test_a_body_held_by_the_clients_window_ends_when_the_window_opens() -> None:
         assert "END_STREAM" in rest[-1].flags
 
     run_async(run())
+
+
+def _upload_with_trailers(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """What goes up the tunnel for a POST whose body is followed by trailers."""
+
+    async def run() -> bytes:
+        server, _transport, services, client = await _connect()
+        post = [(b":method", b"POST"), *REQUEST[1:], *headers]
+        client.send_headers(1, post, end_stream=False)
+        client.send_data(1, b"hello")
+        client.send_headers(
+            1, [(b"x-checksum", b"77"), (b"x-forwarded-for", b"6.6.6.6")], end_stream=True
+        )
+        server.data_received(client.data_to_send())
+        (stream,) = services.streams
+        return bytes(stream.sent)
+
+    return run_async(run())
+
+
+def test_trailers_go_up_in_the_last_chunk_through_the_trailer_rules() -> None:
+    sent = _upload_with_trailers([])
+    assert b"transfer-encoding: chunked\r\n" in sent.lower()
+    assert sent.endswith(b"\r\n\r\n5\r\nhello\r\n0\r\nx-checksum: 77\r\n\r\n")
+
+
+def test_trailers_after_a_body_with_a_length_are_dropped() -> None:
+    sent = _upload_with_trailers([(b"content-length", b"5")])
+    assert sent.endswith(b"\r\n\r\nhello") and b"x-checksum" not in sent

@@ -434,12 +434,26 @@ def forwarded_body(events: Sequence[object]) -> bytes:
     return b"".join(e.data for e in events if isinstance(e, RequestBodyReceived))
 
 
-def test_chunked_body_is_reencoded_without_extensions_or_trailers() -> None:
+def test_chunked_body_is_reencoded_without_extensions_and_keeps_its_trailers() -> None:
     events = chunked_events(
         b'5;name=value;x="q\\"s"\r\nhello\r\n00A\r\n0123456789\r\n0\r\nX-T: 1\r\n\r\n'
     )
-    assert forwarded_body(events) == b"5\r\nhello\r\na\r\n0123456789\r\n0\r\n\r\n"
+    assert forwarded_body(events) == b"5\r\nhello\r\na\r\n0123456789\r\n0\r\nX-T: 1\r\n\r\n"
     assert events[-1] == RequestCompleted()
+
+
+def test_trailers_cannot_carry_what_the_head_rules_police() -> None:
+    trailers = [
+        b"X-Forwarded-For: 6.6.6.6", b"X_Forwarded_For: 6.6.6.6", b"Forwarded: for=6.6.6.6",
+        b"X-Real-IP: 6.6.6.6", b"X-Request-Id: mine", b"traceparent: 00-1-2-01",
+        b"Host: evil.test", b"Content-Length: 99", b"Transfer-Encoding: chunked",
+        b"Connection: close", b"Authorization: Basic eA==", b"Cookie: sid=1",
+        b"Cache-Control: no-cache", b"If-None-Match: x", b"Range: bytes=0-1",
+        b"Content-Type: text/evil", b"X-Checksum: 77", b"Server-Timing: db;dur=5",
+    ]  # fmt: skip
+    body = b"3\r\nabc\r\n0\r\n" + b"".join(t + b"\r\n" for t in trailers) + b"\r\n"
+    forwarded = forwarded_body(chunked_events(body))
+    assert forwarded == b"3\r\nabc\r\n0\r\nX-Checksum: 77\r\nServer-Timing: db;dur=5\r\n\r\n"
 
 
 def test_chunked_body_split_everywhere_decodes_to_same_payload() -> None:
