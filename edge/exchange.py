@@ -44,6 +44,7 @@ from edge.exchange_upstream import Upstream
 from edge.exchange_wait import TunnelWait, TunnelWaiters
 from edge.exchange_websocket import WebSocketClose, relay
 from edge.http1 import HttpLimits, RequestHeadReceived, ResponseHeadReceived, ResponseReader
+from edge.http1.events import Headers
 from edge.request_record import RequestRecord
 from edge.ws_frames import CLOSE_GOING_AWAY, FrameTracker
 from tunnel.aio.errors import TunnelError
@@ -82,7 +83,9 @@ class ExchangeClient(Protocol):
 
     def response_head(self, exchange: Exchange, head: ResponseHeadReceived) -> None: ...
     def response_data(self, exchange: Exchange, data: bytes) -> None: ...
-    def response_complete(self, exchange: Exchange, close: bool) -> None: ...
+    def response_complete(
+        self, exchange: Exchange, close: bool, trailers: Headers = ()
+    ) -> None: ...
     def upgraded(self, exchange: Exchange) -> None: ...
     def upstream_ended(self, exchange: Exchange) -> None:
         """An upgraded stream's backend side ended (a half-close)."""

@@ -168,7 +168,7 @@ class Upstream(asyncio.Protocol):
             client.response_head(exchange, event)
         elif kind is ResponseCompleted:
             self.response_done = True
-            client.response_complete(exchange, event.close_after)  # type: ignore[attr-defined]
+            client.response_complete(exchange, event.close_after, event.trailers)  # type: ignore[attr-defined]
             if exchange.upstream is self:
                 exchange.upstream = None
                 stream = self.stream

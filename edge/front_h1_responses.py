@@ -36,6 +36,7 @@ from edge.http1 import (
     reusable_head,
     with_field,
 )
+from edge.http1.events import Headers
 from edge.ledger import OutputLedger
 from geoedge.logs import LogThrottle
 
@@ -146,7 +147,9 @@ class Http1Responses:
     def response_data(self, exchange: Exchange, data: bytes) -> None:
         self.write_response(exchange.record, data)
 
-    def response_complete(self, exchange: Exchange, close: bool) -> None:
+    def response_complete(self, exchange: Exchange, close: bool, trailers: Headers = ()) -> None:
+        # ``trailers`` is always empty here: a chunked body (trailers included)
+        # passes through raw.
         if not exchange.request_whole:
             self.close_after = True  # the rest of the request body is unread
 

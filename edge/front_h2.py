@@ -204,7 +204,12 @@ class Http2Connection(asyncio.Protocol):
         elif isinstance(event, h2.events.DataReceived):
             self._on_data(event)
         elif isinstance(event, h2.events.TrailersReceived):
-            self._on_trailers(event)
+            # They go up in the last chunk of a chunk-framed body, through the
+            # reader's trailer rules; after a body framed by its content-length
+            # HTTP/1.1 has nowhere to put them: dropped (RFC 9110 §6.5.1).
+            stream = self._session.streams.get(event.stream_id)
+            if stream is not None and stream.chunked:
+                stream.trailers = b"".join(n + b": " + v + b"\r\n" for n, v in event.headers)
         elif isinstance(event, h2.events.StreamEnded):
             self._on_stream_ended(event.stream_id)
         elif isinstance(event, h2.events.StreamReset):
@@ -322,17 +327,6 @@ class Http2Connection(asyncio.Protocol):
         stream.unacked += length
         if not stream.request_paused:
             stream.credit()
-
-    def _on_trailers(self, event: h2.events.TrailersReceived) -> None:
-        """Trailers go up in the last chunk of a chunk-framed body, through the
-        reader's trailer rules; after a body framed by its content-length,
-        HTTP/1.1 has nowhere to put them, and they are dropped (RFC 9110 §6.5.1
-        lets a recipient discard trailers)."""
-        stream = self._session.streams.get(event.stream_id)
-        if stream is not None and stream.chunked:
-            stream.trailers = b"".join(
-                name + b": " + value + b"\r\n" for name, value in event.headers
-            )
 
     def _on_stream_ended(self, stream_id: int) -> None:
         stream = self._session.streams.get(stream_id)

@@ -31,8 +31,9 @@ import h2.errors
 import h2.exceptions
 
 from edge.exchange import Exchange, RequestRecord
-from edge.h2_translate import response_fields
+from edge.h2_translate import response_fields, response_trailers
 from edge.http1 import RequestReader, ResponseHeadReceived
+from edge.http1.events import Headers
 from edge.ledger import OutputLedger
 
 __all__ = ["RESPONSE_BUFFER", "ClientStream", "StreamHost"]
@@ -92,6 +93,7 @@ class ClientStream:
         "reader",
         "record",
         "request_paused",
+        "response_trailers",
         "session",
         "stream_id",
         "trailers",
@@ -114,6 +116,7 @@ class ClientStream:
         self.reader = reader
         self.chunked = chunked  # the request's DATA is sent up chunk-framed
         self.trailers = b""  # the request's trailer fields, as HTTP/1.1 field lines
+        self.response_trailers: list[tuple[bytes, bytes]] = []  # sent after the body
         self.websocket = websocket  # an RFC 8441 extended CONNECT
         self.exchange: Exchange | None = None
         self.record: RequestRecord | None = None
@@ -172,7 +175,9 @@ class ClientStream:
         if not self.delivering:
             self.pump()
 
-    def response_complete(self, exchange: Exchange, close: bool) -> None:
+    def response_complete(self, exchange: Exchange, close: bool, trailers: Headers = ()) -> None:
+        if trailers:
+            self.response_trailers = response_trailers(trailers)
         self.end_pending = True
         self.pump()
 
@@ -251,7 +256,7 @@ class ClientStream:
             else:
                 out.popleft()
             self.out_bytes -= len(chunk)
-            ended = not out and self.end_pending
+            ended = not out and self.end_pending and not self.response_trailers
             conn.send_data(stream_id, chunk, end_stream=ended)
             if self.record is not None:
                 self.record.bytes_out += len(chunk)
@@ -268,7 +273,10 @@ class ClientStream:
                 self.end_pending = False
                 if not ended:
                     try:
-                        conn.end_stream(stream_id)
+                        if self.response_trailers:  # HEADERS with END_STREAM
+                            conn.send_headers(stream_id, self.response_trailers, end_stream=True)
+                        else:
+                            conn.end_stream(stream_id)
                     except _SEND_FAILED:
                         pass
                 self.closed = True

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from edge.http1.events import Headers
 
-__all__ = ["H2Request", "response_fields", "translate_request"]
+__all__ = ["H2Request", "response_fields", "response_trailers", "translate_request"]
 
 _RESPONSE_DROPPED = frozenset(
     {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade", b"te"}
@@ -101,6 +101,17 @@ def translate_request(
         out.append(b"transfer-encoding: chunked")
         chunked = True
     return H2Request(b"\r\n".join(out) + b"\r\n\r\n", chunked, websocket)
+
+
+def response_trailers(trailers: Headers) -> list[tuple[bytes, bytes]]:
+    """HTTP/2 trailer fields of a chunked response's trailer section: without
+    the connection-specific fields HTTP/2 forbids, nor a ``content-length``
+    (RFC 9110 §6.5.1: no framing fields in trailers)."""
+    return [
+        (name, value)
+        for name, value in trailers
+        if name not in _RESPONSE_DROPPED and name != b"content-length"
+    ]
 
 
 def response_fields(

@@ -23,6 +23,7 @@ class H2Response:
     status: int = 0
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     data: bytearray = field(default_factory=bytearray)
+    trailers: list[tuple[bytes, bytes]] = field(default_factory=list)
     ended: bool = False
     reset: int | None = None
 
@@ -132,6 +133,8 @@ class H2Client:
             response.data += event.data
             if self.auto_window:
                 self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        elif isinstance(event, h2.events.TrailersReceived):
+            self.responses.setdefault(event.stream_id, H2Response()).trailers = list(event.headers)
         elif isinstance(event, h2.events.StreamEnded):
             self.responses.setdefault(event.stream_id, H2Response()).ended = True
         elif isinstance(event, h2.events.StreamReset):

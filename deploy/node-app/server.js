@@ -164,8 +164,10 @@ function serveBytes(req, res, url) {
   const n = intParam(url, 'n', 0, MAX_BYTES);
   if (n === null) return sendText(res, 400, `n must be an integer 0..${MAX_BYTES}\n`);
   const chunked = url.searchParams.get('chunked') === '1';
+  const trailer = chunked && url.searchParams.get('trailer') === '1';
   const headers = { 'Content-Type': 'application/octet-stream' };
   if (!chunked) headers['Content-Length'] = n; // else Node frames it chunked
+  if (trailer) headers['Trailer'] = 'X-Bytes';
   res.writeHead(200, headers);
   if (req.method === 'HEAD') return res.end();
   let sent = 0;
@@ -178,6 +180,7 @@ function serveBytes(req, res, url) {
       sent += length;
       if (!ok) return void res.once('drain', pump);
     }
+    if (trailer) res.addTrailers({ 'X-Bytes': String(n) }); // after the last chunk
     res.end();
   }
   res.on('close', () => { sent = n; });

@@ -30,6 +30,16 @@ from edge.http1.syntax import CHUNK_EXTENSION_RE, HEXDIGITS, TRAILER_SECTION_RE,
 _SIZE, _DATA, _DATA_CRLF, _TRAILERS, _DONE = range(5)
 
 
+def trailer_fields(section: bytes) -> tuple[tuple[bytes, bytes], ...]:
+    """(lowercase name, value without surrounding whitespace) for each field line
+    of a trailer section that :class:`ChunkedScanner` validated."""
+    fields = []
+    for line in section.split(b"\r\n")[:-1]:
+        name, _, value = line.partition(b":")
+        fields.append((name.lower(), value.strip(b" \t")))
+    return tuple(fields)
+
+
 class ChunkedScanner:
     """Walks chunked framing; the caller owns the buffer and any unconsumed tail."""
 

@@ -145,9 +145,12 @@ class ResponseBodyReceived:
 @dataclass(slots=True)
 class ResponseCompleted:
     """The final response ended. ``close_after``: the connection must close now
-    (the response said so, or its body was delimited by the backend's EOF)."""
+    (the response said so, or its body was delimited by the backend's EOF).
+    ``trailers``: a decoded chunked body's trailer fields (lowercase names);
+    empty otherwise, and always when the body passes through raw."""
 
     close_after: bool
+    trailers: Headers = ()
 
 
 @dataclass(slots=True)

@@ -29,18 +29,19 @@ discarded (RFC 9112 §9.6). Invalid input gives :class:`ResponseInvalid`, then
 the reader is dead.
 
 ``decode_chunked=True`` (the HTTP/2 front end): body events of a chunked
-response carry the payload only, without chunk framing or trailers, since
-HTTP/2 frames the body itself.
+response carry the payload only, without chunk framing, since HTTP/2 frames
+the body itself; its trailer fields come in ``ResponseCompleted.trailers``.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from edge.http1.chunked import ChunkedScanner
+from edge.http1.chunked import ChunkedScanner, trailer_fields
 from edge.http1.errors import MessageRejected
 from edge.http1.events import (
     BackendClosed,
+    Headers,
     ResponseBodyReceived,
     ResponseCompleted,
     ResponseEvent,
@@ -202,7 +203,8 @@ class ResponseReader:
                 events.append(ResponseBodyReceived(chunk))
         if scanner.done:
             self._chunked = None
-            self._complete(events)
+            trailers = scanner.trailers
+            self._complete(events, trailer_fields(trailers) if self._decode and trailers else ())
         return end
 
     def _on_head(self, events: list[ResponseEvent]) -> None:
@@ -292,8 +294,8 @@ class ResponseReader:
             chunked=chunked,
         )
 
-    def _complete(self, events: list[ResponseEvent]) -> None:
-        events.append(ResponseCompleted(close_after=self._close_after))
+    def _complete(self, events: list[ResponseEvent], trailers: Headers = ()) -> None:
+        events.append(ResponseCompleted(self._close_after, trailers))
         self._started = False
         self._state = _CLOSING if self._close_after else _HEAD
 

@@ -121,6 +121,21 @@ def test_chunked_upload_trailers_reach_node_without_policed_fields(stack: Stack)
     assert result["bytes"] == 5 and result["trailers"] == {"x-checksum": "77"}
 
 
+def test_response_trailers_reach_an_http11_client(stack: Stack) -> None:
+    request = b"GET /bytes?n=5&chunked=1&trailer=1 HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    received = b""
+    with (
+        socket.create_connection(("127.0.0.1", stack.https_port), timeout=10) as raw,
+        stack.tls_context().wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        tls.sendall(request)
+        while not received.endswith(b"\r\n0\r\nX-Bytes: 5\r\n\r\n"):
+            data = tls.recv(65536)
+            assert data, received
+            received += data
+    assert b"\r\ntransfer-encoding: chunked\r\n" in received.lower()
+
+
 def test_ten_megabytes_both_ways_by_hash(stack: Stack) -> None:
     payload = os.urandom(10 * 1024 * 1024)
     conn = stack.https(timeout=60)

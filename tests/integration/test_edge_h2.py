@@ -100,6 +100,14 @@ def test_request_trailers_reach_node_after_a_chunked_body(stack: Stack) -> None:
     c.close()
 
 
+def test_response_trailers_from_node_reach_the_client(stack: Stack) -> None:
+    c = client(stack)
+    (response,) = c.wait([c.request("/bytes?n=70000&chunked=1&trailer=1")], timeout=scaled(10))
+    assert response.status == 200 and len(response.data) == 70000
+    assert response.trailers == [(b"x-bytes", b"70000")]
+    c.close()
+
+
 def test_the_request_reaches_node_as_http11_with_the_edges_rules(stack: Stack) -> None:
     c = client(stack)
     (response,) = c.wait(

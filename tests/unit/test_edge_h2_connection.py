@@ -141,3 +141,23 @@ def test_trailers_go_up_in_the_last_chunk_through_the_trailer_rules() -> None:
 def test_trailers_after_a_body_with_a_length_are_dropped() -> None:
     sent = _upload_with_trailers([(b"content-length", b"5")])
     assert sent.endswith(b"\r\n\r\nhello") and b"x-checksum" not in sent
+
+
+def test_a_chunked_responses_trailers_end_the_stream_as_trailing_headers() -> None:
+    async def run() -> None:
+        server, transport, services, client = await _connect()
+        client.send_headers(1, REQUEST, end_stream=True)
+        server.data_received(client.data_to_send())
+        (stream,) = services.streams
+        stream.respond(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Sum\r\n\r\n"
+            b"5\r\nhello\r\n0\r\nX-Sum: 77\r\nConnection: close\r\nContent-Length: 9\r\n\r\n"
+        )
+        frames = [f for f in _frames(await _flushed(transport)) if f.stream_id == 1]
+        kinds = [(type(f).__name__, "END_STREAM" in f.flags) for f in frames]
+        assert kinds == [("HeadersFrame", False), ("DataFrame", False), ("HeadersFrame", True)]
+        events = client.receive_data(b"".join(f.serialize() for f in frames))
+        (trailers,) = [e for e in events if isinstance(e, h2.events.TrailersReceived)]
+        assert trailers.headers == [(b"x-sum", b"77")]  # no connection-specific field
+
+    run_async(run())

@@ -125,6 +125,22 @@ def test_chunked_response_is_forwarded_raw_with_extensions_and_trailers() -> Non
     assert events[1:] == [ResponseBodyReceived(body), ResponseCompleted(close_after=False)]
 
 
+def test_decoded_chunked_response_hands_its_trailers_over_however_split() -> None:
+    body = b"5\r\nhello\r\n0\r\nX-Sum: 77\r\nServer-Timing:  db;dur=5 \r\n\r\n"
+    data = response(b"HTTP/1.1 200 OK", b"Transfer-Encoding: chunked", body=body)
+    for split in (len(data), 1):
+        reader = ResponseReader(HttpLimits(), decode_chunked=True)
+        reader.expect(b"GET", None)
+        events: list[object] = []
+        for index in range(0, len(data), split):
+            events += reader.feed(data[index : index + split])
+        payload = b"".join(e.data for e in events if isinstance(e, ResponseBodyReceived))
+        assert payload == b"hello"
+        assert events[-1] == ResponseCompleted(
+            close_after=False, trailers=((b"x-sum", b"77"), (b"server-timing", b"db;dur=5"))
+        )
+
+
 def test_chunked_response_byte_at_a_time_forwards_same_bytes() -> None:
     body = b"5\r\nhello\r\n0\r\n\r\n"
     data = response(b"HTTP/1.1 200 OK", b"Transfer-Encoding: chunked", body=body)
