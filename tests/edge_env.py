@@ -10,6 +10,7 @@ import contextlib
 import http.client
 import os
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -142,6 +143,15 @@ class Stack:
 
     def tls_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.pki.ca))
+
+    @contextlib.contextmanager
+    def tls_socket(self, timeout: float = 10) -> Iterator[ssl.SSLSocket]:
+        """A TLS connection to the edge's HTTPS listener, for raw bytes."""
+        with (
+            socket.create_connection(("127.0.0.1", self.https_port), timeout=timeout) as raw,
+            self.tls_context().wrap_socket(raw, server_hostname="localhost") as tls,
+        ):
+            yield tls
 
     def https(self, timeout: float = 10) -> http.client.HTTPSConnection:
         return http.client.HTTPSConnection(

@@ -109,10 +109,7 @@ def test_chunked_upload_and_download(stack: Stack) -> None:
 def test_chunked_upload_trailers_reach_node_without_policed_fields(stack: Stack) -> None:
     head = b"POST /upload HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
     body = b"5\r\nhello\r\n0\r\nX-Checksum: 77\r\nX-Forwarded-For: 6.6.6.6\r\nHost: evil\r\n\r\n"
-    with (
-        socket.create_connection(("127.0.0.1", stack.https_port), timeout=10) as raw,
-        stack.tls_context().wrap_socket(raw, server_hostname="localhost") as tls,
-    ):
+    with stack.tls_socket() as tls:
         tls.sendall(head + body)
         response = http.client.HTTPResponse(tls)  # type: ignore[arg-type]
         response.begin()
@@ -124,10 +121,7 @@ def test_chunked_upload_trailers_reach_node_without_policed_fields(stack: Stack)
 def test_response_trailers_reach_an_http11_client(stack: Stack) -> None:
     request = b"GET /bytes?n=5&chunked=1&trailer=1 HTTP/1.1\r\nHost: localhost\r\n\r\n"
     received = b""
-    with (
-        socket.create_connection(("127.0.0.1", stack.https_port), timeout=10) as raw,
-        stack.tls_context().wrap_socket(raw, server_hostname="localhost") as tls,
-    ):
+    with stack.tls_socket() as tls:
         tls.sendall(request)
         while not received.endswith(b"\r\n0\r\nX-Bytes: 5\r\n\r\n"):
             data = tls.recv(65536)

@@ -13,7 +13,7 @@ import hyperframe.frame
 
 from edge.front_h2 import Http2Connection
 from tests.conftest import run_async
-from tests.edge_fakes import FakeClientTransport, FakeServices
+from tests.edge_fakes import FakeClientTransport, FakeServices, FakeStream
 
 REQUEST = [(b":method", b"GET"), (b":path", b"/a"), (b":scheme", b"https"), (b":authority", b"e")]
 SMALL = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello"
@@ -52,6 +52,17 @@ async def _connect(
     return server, transport, services, client
 
 
+async def _one_get(
+    stream_window: int = 65535,
+) -> tuple[Http2Connection, FakeClientTransport, FakeStream, h2.connection.H2Connection]:
+    """A connection with one GET sent up its tunnel stream (not yet answered)."""
+    server, transport, services, client = await _connect(stream_window)
+    client.send_headers(1, REQUEST, end_stream=True)
+    server.data_received(client.data_to_send())
+    (stream,) = services.streams
+    return server, transport, stream, client
+
+
 async def _flushed(transport: FakeClientTransport) -> bytes:
     await asyncio.sleep(0)  # the session writes once per turn of the event loop
     await asyncio.sleep(0)
@@ -60,10 +71,7 @@ async def _flushed(transport: FakeClientTransport) -> bytes:
 
 def test_a_response_read_in_one_piece_ends_on_its_data_frame() -> None:
     async def run() -> None:
-        server, transport, services, client = await _connect()
-        client.send_headers(1, REQUEST, end_stream=True)
-        server.data_received(client.data_to_send())
-        (stream,) = services.streams
+        _server, transport, stream, client = await _one_get()
         assert stream.sent.startswith(b"GET /a HTTP/1.1\r\n")
         stream.respond(SMALL)
         frames = [f for f in _frames(await _flushed(transport)) if f.stream_id == 1]
@@ -80,10 +88,7 @@ def test_a_response_read_in_one_piece_ends_on_its_data_frame() -> None:
 
 def test_a_body_in_pieces_ends_once_its_last_piece_is_sent() -> None:
     async def run() -> None:
-        server, transport, services, client = await _connect()
-        client.send_headers(1, REQUEST, end_stream=True)
-        server.data_received(client.data_to_send())
-        (stream,) = services.streams
+        _server, transport, stream, _client = await _one_get()
         stream.respond(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nabc")
         first = [f for f in _frames(await _flushed(transport)) if f.stream_id == 1]
         assert [f.data for f in first[1:]] == [b"abc"]
@@ -97,10 +102,7 @@ def test_a_body_in_pieces_ends_once_its_last_piece_is_sent() -> None:
 
 def test_a_body_held_by_the_clients_window_ends_when_the_window_opens() -> None:
     async def run() -> None:
-        server, transport, services, client = await _connect(stream_window=3)
-        client.send_headers(1, REQUEST, end_stream=True)
-        server.data_received(client.data_to_send())
-        (stream,) = services.streams
+        server, transport, stream, client = await _one_get(3)
         stream.respond(SMALL)
         frames = [f for f in _frames(await _flushed(transport)) if f.stream_id == 1]
         assert [(f.data, "END_STREAM" in f.flags) for f in frames[1:]] == [(b"hel", False)]
@@ -145,10 +147,7 @@ def test_trailers_after_a_body_with_a_length_are_dropped() -> None:
 
 def test_a_chunked_responses_trailers_end_the_stream_as_trailing_headers() -> None:
     async def run() -> None:
-        server, transport, services, client = await _connect()
-        client.send_headers(1, REQUEST, end_stream=True)
-        server.data_received(client.data_to_send())
-        (stream,) = services.streams
+        _server, transport, stream, client = await _one_get()
         stream.respond(
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Sum\r\n\r\n"
             b"5\r\nhello\r\n0\r\nX-Sum: 77\r\nConnection: close\r\nContent-Length: 9\r\n\r\n"
