@@ -209,7 +209,9 @@ class Http2Connection(asyncio.Protocol):
             # HTTP/1.1 has nowhere to put them: dropped (RFC 9110 §6.5.1).
             stream = self._session.streams.get(event.stream_id)
             if stream is not None and stream.chunked:
-                stream.trailers = b"".join(n + b": " + v + b"\r\n" for n, v in event.headers)
+                stream.request_trailers = b"".join(
+                    n + b": " + v + b"\r\n" for n, v in event.headers
+                )
         elif isinstance(event, h2.events.StreamEnded):
             self._on_stream_ended(event.stream_id)
         elif isinstance(event, h2.events.StreamReset):
@@ -335,7 +337,7 @@ class Http2Connection(asyncio.Protocol):
         if stream.exchange.upgraded:
             stream.exchange.client_half_closed()
         elif stream.chunked:
-            self._dispatch(stream, stream.reader.feed(b"0\r\n" + stream.trailers + b"\r\n"))
+            self._dispatch(stream, stream.reader.feed(b"0\r\n" + stream.request_trailers + b"\r\n"))
         elif not stream.exchange.request_whole:  # shorter than its content-length
             self._dispatch(stream, stream.reader.feed_eof())
 

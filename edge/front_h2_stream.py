@@ -93,10 +93,10 @@ class ClientStream:
         "reader",
         "record",
         "request_paused",
+        "request_trailers",
         "response_trailers",
         "session",
         "stream_id",
-        "trailers",
         "unacked",
         "websocket",
     )
@@ -115,7 +115,7 @@ class ClientStream:
         self.stream_id = stream_id
         self.reader = reader
         self.chunked = chunked  # the request's DATA is sent up chunk-framed
-        self.trailers = b""  # the request's trailer fields, as HTTP/1.1 field lines
+        self.request_trailers = b""  # the request's trailer fields, as HTTP/1.1 field lines
         self.response_trailers: list[tuple[bytes, bytes]] = []  # sent after the body
         self.websocket = websocket  # an RFC 8441 extended CONNECT
         self.exchange: Exchange | None = None
