@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
 
-.PHONY: venv node tools test lint demo dist bench-keepalive-race bench-tunnel bench-edge bench-tls-floor wan drill restart-test apt-base soak clean
+.PHONY: venv node tools test lint demo dist bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor wan drill restart-test apt-base soak clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy), the WAN emulator (iptables, libnetfilter-queue), the
@@ -97,6 +97,9 @@ bench-edge: $(STAMPS)/py-load node
 
 bench-keepalive-race: $(STAMPS)/py-load node
 	$(PY) -m loadtests.keepalive_race
+
+bench-edge-logic: $(STAMPS)/py-load
+	$(PY) -m loadtests.edge_logic
 
 bench-tls-floor: $(STAMPS)/py-load node
 	$(PY) -m loadtests.tls_floor
