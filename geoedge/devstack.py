@@ -35,11 +35,22 @@ class StackError(RuntimeError):
 # ------------------------------------------------------------------ ports
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port of 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind((LOCALHOST, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port of 127.0.0.1 that was free a moment ago and that this process
+    has not handed out before: the kernel may offer the same port to two
+    ``bind(0)`` calls in a row, and a stack asks for several before starting
+    anything that binds them."""
+    for _ in range(50):
+        with socket.socket() as sock:
+            sock.bind((LOCALHOST, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            break
+    _HANDED_OUT.add(port)
+    return port
 
 
 def port_free(port: int) -> bool:

@@ -288,7 +288,11 @@ def edge_stack(
     s.origin_admin_port = origin_admin_port
     try:
         s.start_origin()
-        wait_port(https_port)
+        try:
+            wait_port(https_port)
+        except TimeoutError as exc:  # say why: did the edge exit, and what did it log
+            status = "running" if edge.poll() is None else f"exited with {edge.returncode}"
+            raise TimeoutError(f"{exc} (the edge is {status}):\n{devstack.tail(log)}") from None
         wait_healthy(s)
         yield s
     finally:

@@ -4,10 +4,10 @@ and an edge-like dialer, over mutual TLS or plain TCP."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from geoedge.devstack import free_port as free_port  # the tests import it from here
 from tests.conftest import PkiFiles
 from tunnel.aio.connection import TunnelConnection
 from tunnel.aio.stream import StreamIO, TunnelStream
@@ -20,12 +20,6 @@ from tunnel.aio.transport import (
 from tunnel.mux import SessionConfig
 
 Handler = Callable[[StreamIO], "asyncio.Future[None] | asyncio.Task[None] | object"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
