@@ -138,9 +138,11 @@ _TRAILERS_DROPPED = frozenset(_KINDS) | {
     b"cache-control", b"expect", b"max-forwards", b"pragma", b"range",
     b"if-match", b"if-none-match", b"if-modified-since", b"if-unmodified-since", b"if-range",
     b"content-encoding", b"content-type", b"content-range", b"content-language",
-    b"content-location", b"digest", b"content-digest",
+    b"content-location",
 }  # fmt: skip
-"""Besides these, every field the head rules police (:data:`_KINDS`)."""
+"""Besides these, every field the head rules police (:data:`_KINDS`). What a
+trailer is for passes: checksums and digests (``Content-Digest``, RFC 9530),
+timings, application fields."""
 
 _ABSOLUTE_FORM_RE = re.compile(rb"([A-Za-z][A-Za-z0-9+.\-]*)://([^/?#]*)(.*)", re.S)
 
