@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import threading
 import time
@@ -47,6 +48,11 @@ def test_a_drain_closes_websockets_with_1001_spread_over_the_window(
         # One of them has a 2 MiB echo on its way back when the drain starts.
         big = os.urandom(2 * 1024 * 1024)
         sockets[0][0].sendall(ws_frame(0x2, big))  # type: ignore[attr-defined]
+        # In flight means on its way back: the drain starts once the echo's first
+        # octets reach the client (before that, a Close may rightly come first:
+        # the edge cannot know an echo is coming).
+        readable, _, _ = select.select([sockets[0][0]], [], [], scaled(10))
+        assert readable, "the echo never started"
         closes: list[tuple[int, float, int, bytes]] = []
         lock = threading.Lock()
 
