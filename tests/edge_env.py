@@ -32,6 +32,21 @@ def node_available() -> bool:
     return (ROOT / "deploy" / "node-app" / "node_modules").is_dir()
 
 
+def run_load_test(module: str, *args: str, timeout: float) -> str:
+    """``python -m module args`` from the checkout (a load test in a short run):
+    its output, once it exited 0."""
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
 def wait_port(port: int, timeout: float = 10.0, host: str = "127.0.0.1") -> None:
     try:
         devstack.wait_port(port, time.monotonic() + timeout, host=host)

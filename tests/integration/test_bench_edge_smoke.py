@@ -9,14 +9,12 @@ import json
 import math
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import scaled
-from tests.edge_env import ROOT, node_available
+from tests.edge_env import node_available, run_load_test
 
 HAPROXY = "/usr/sbin/haproxy"
 
@@ -44,15 +42,11 @@ POSITIVE = (
 
 def test_quick_run_writes_every_figure(tmp_path: Path) -> None:
     output = tmp_path / "edge.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "loadtests.bench_edge", "--quick", "--output", str(output)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    printed = run_load_test(
+        "loadtests.bench_edge",
+        *("--quick", "--output", str(output)),
         timeout=scaled(200),  # about 20 s, plus a first build of the Go client
-        check=False,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(output.read_text())
 
     for key in POSITIVE:
@@ -78,4 +72,4 @@ def test_quick_run_writes_every_figure(tmp_path: Path) -> None:
         for phase in ("handshakes", "keepalive"):
             for run in result["details"][phase]["runs"][chain]:
                 assert run["errors"] == 0, (phase, chain, run)
-    assert "full handshakes/s" in done.stdout  # the table was printed
+    assert "full handshakes/s" in printed  # the table was printed

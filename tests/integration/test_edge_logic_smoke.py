@@ -5,26 +5,16 @@ It checks the harness, not the figures."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from tests.conftest import scaled
-from tests.edge_env import ROOT
+from tests.edge_env import run_load_test
 
 
 def test_short_run_measures_both_front_ends(tmp_path: Path) -> None:
     output = tmp_path / "edge_logic.json"
-    argv = [sys.executable, "-m", "loadtests.edge_logic", "--rounds", "1", "--requests", "200"]
-    done = subprocess.run(
-        [*argv, "--output", str(output)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=scaled(120),
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    args = ("--rounds", "1", "--requests", "200", "--output", str(output))
+    run_load_test("loadtests.edge_logic", *args, timeout=scaled(120))
     result = json.loads(output.read_text())
     assert set(result) == {"h1", "h2"}
     for figures in result.values():

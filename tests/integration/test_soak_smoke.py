@@ -8,14 +8,12 @@ and tasks are back too. The RSS drift is for the full run."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import scaled
-from tests.edge_env import ROOT, node_available
+from tests.edge_env import node_available, run_load_test
 
 pytestmark = [
     pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed"),
@@ -25,21 +23,15 @@ pytestmark = [
 
 def test_quick_soak_gives_everything_back(tmp_path: Path) -> None:
     output = tmp_path / "soak.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "loadtests.soak", "--quick", "--results", str(output)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=scaled(150),
-        check=False,
+    printed = run_load_test(
+        "loadtests.soak", "--quick", "--results", str(output), timeout=scaled(150)
     )
-    assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(output.read_text())
 
     cycles = result["cycles"]
     assert len(cycles) == 3
     for cycle in cycles:
-        assert cycle["failed"] == 0, done.stdout
+        assert cycle["failed"] == 0, printed
         assert cycle["websockets_ok"] == result["settings"]["websockets"]
         assert cycle["short_ok"] == result["settings"]["short"]
     assert result["passed"] == {"drift": True, "no_failures": True, "census": True}

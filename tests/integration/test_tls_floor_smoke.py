@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import scaled
-from tests.edge_env import ROOT, node_available
+from tests.edge_env import node_available, run_load_test
 
 pytestmark = [
     pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed"),
@@ -27,16 +25,8 @@ pytestmark = [
 
 def test_short_run_measures_every_chain(tmp_path: Path) -> None:
     output = tmp_path / "tls_floor.json"
-    argv = [sys.executable, "-m", "loadtests.tls_floor", "--rounds", "1", "--seconds", "1"]
-    done = subprocess.run(
-        [*argv, "--output", str(output)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=scaled(200),
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    args = ("--rounds", "1", "--seconds", "1", "--output", str(output))
+    printed = run_load_test("loadtests.tls_floor", *args, timeout=scaled(200))
     result = json.loads(output.read_text())
     for chain in ("floor", "haproxy", "geoedge"):
         (run,) = result["details"]["runs"][chain]
@@ -48,4 +38,4 @@ def test_short_run_measures_every_chain(tmp_path: Path) -> None:
         result["floor_us"] + result["geoedge_origin_us"] + result["geoedge_node_us"], abs=0.2
     )
     assert result["budget_us"] == pytest.approx(result["haproxy_chain_us"] / 0.85, abs=0.2)
-    assert "floor + origin + Node" in done.stdout
+    assert "floor + origin + Node" in printed
