@@ -25,7 +25,6 @@ import asyncio
 import cProfile
 import json
 import pstats
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,14 +33,11 @@ import h2.config
 import h2.connection
 import uvloop
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from edge.front_h1 import Http1Connection
+from edge.front_h2 import Http2Connection
+from tests.edge_fakes import FakeClientTransport, FakeServices
 
-from edge.front_h1 import Http1Connection  # noqa: E402
-from edge.front_h2 import Http2Connection  # noqa: E402
-from tests.edge_fakes import FakeClientTransport, FakeServices  # noqa: E402
-
-RESULTS = ROOT / "loadtests" / "results" / "edge_logic.json"
+RESULTS = Path(__file__).resolve().parent / "results" / "edge_logic.json"
 RESPONSE = (
     b"HTTP/1.1 200 OK\r\nX-Powered-By: Express\r\nContent-Type: text/plain; charset=utf-8\r\n"
     b'Content-Length: 13\r\nETag: W/"d-lDpwLQbzRZmu4fjajvn3KWAx1pk"\r\n'
