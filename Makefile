@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
 
-.PHONY: venv node tools test lint demo dist bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor wan drill restart-test apt-base soak clean
+.PHONY: venv node tools test lint demo dist bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor wan drill restart-test apt-base soak clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy), the WAN emulator (iptables, libnetfilter-queue), the
@@ -103,6 +103,9 @@ bench-edge-logic: $(STAMPS)/py-load
 
 bench-tls-floor: $(STAMPS)/py-load node
 	$(PY) -m loadtests.tls_floor
+
+bench-request-floor: $(STAMPS)/py-load node
+	$(PY) -m loadtests.request_floor
 
 wan: $(STAMPS)/py-load node
 	$(PY) -m loadtests.wan.run
