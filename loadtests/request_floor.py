@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,7 @@ class FrameLink(asyncio.Protocol):
     and writes them once per turn of the loop; ``on_frame(stream_id, data)``
     gets each frame that came in whole."""
 
-    def __init__(self, on_frame: Any) -> None:
+    def __init__(self, on_frame: Callable[[int, bytes], None]) -> None:
         self.on_frame = on_frame
         self.transport: asyncio.Transport | None = None
         self.out: list[bytes] = []
