@@ -15,6 +15,11 @@ from tunnel.mux.window import ReceiveWindow
 
 
 class StreamState(enum.Enum):
+    # Members are singletons compared by identity, so they hash by identity:
+    # ``Enum.__hash__`` is Python code (``hash(self._name_)``), run twice for
+    # every lookup in :data:`TRANSITIONS`, a few times per stream.
+    __hash__ = object.__hash__
+
     OPEN = "open"
     HALF_CLOSED_LOCAL = "half-closed (local)"
     HALF_CLOSED_REMOTE = "half-closed (remote)"
@@ -22,6 +27,8 @@ class StreamState(enum.Enum):
 
 
 class StreamInput(enum.Enum):
+    __hash__ = object.__hash__
+
     SEND_DATA = "send DATA"
     SEND_END = "send END_STREAM"
     RECV_DATA = "receive DATA"
