@@ -228,6 +228,7 @@ class Http1Requests:
             started=time.monotonic(),
             replay=head.head if head.replayable else None,
             keep_alive=head.keep_alive,
+            announce_keep_alive=head.keep_alive and head.http_version == b"1.0",
             user_agent=_user_agent(head),
             trace_id=head.trace_id,
         )

@@ -130,18 +130,19 @@ class Http1Responses:
             if exchange.websocket_key is not None:  # the backend refused the upgrade
                 requests = self.requests
                 requests.hold(requests.reader.upgrade_refused())
+            # The backend's persistence fields speak of the origin's pooled
+            # connection; the client's own goes by its request and the framing.
+            if not record.keep_alive or head.close_delimited:
+                data = closing_head(data, head.nominated)  # a close-delimited body
+                self.close_after = True  # ends where the client's connection does
+            else:
+                data = reusable_head(data, head.nominated)
+                if record.announce_keep_alive:
+                    data = with_field(data, b"Connection: keep-alive")
             if self._hsts is not None:
                 data = with_field(data, self._hsts)
             if record.request_id and not any(n == b"x-request-id" for n, _ in head.headers):
                 data = with_field(data, b"X-Request-Id: " + record.request_id.encode())
-            if not record.keep_alive:
-                data = closing_head(data)
-                self.close_after = True
-            elif not head.keep_alive:
-                if head.close_delimited:
-                    self.close_after = True  # only the close shows where it ends
-                else:
-                    data = reusable_head(data)
         self.write_response(record, data)
 
     def response_data(self, exchange: Exchange, data: bytes) -> None:

@@ -159,7 +159,13 @@ class ClientStream:
             self.send_headers([(b":status", b"%d" % head.status)])
             return
         hsts = self.session.hsts if head.status != 101 or self.websocket else None
-        fields = response_fields(head.status, head.headers, websocket=self.websocket, extra=hsts)
+        fields = response_fields(
+            head.status,
+            head.headers,
+            websocket=self.websocket,
+            extra=hsts,
+            nominated=head.nominated,
+        )
         record = exchange.record
         if record.request_id and not any(n == b"x-request-id" for n, _ in head.headers):
             fields.append((b"x-request-id", record.request_id.encode()))

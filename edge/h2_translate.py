@@ -115,11 +115,19 @@ def response_trailers(trailers: Headers) -> list[tuple[bytes, bytes]]:
 
 
 def response_fields(
-    status: int, headers: Headers, *, websocket: bool = False, extra: bytes | None = None
+    status: int,
+    headers: Headers,
+    *,
+    websocket: bool = False,
+    extra: bytes | None = None,
+    nominated: frozenset[bytes] = frozenset(),
 ) -> list[tuple[bytes, bytes]]:
     """HTTP/2 fields of a response head: ``:status`` first, then the backend's
-    fields HTTP/2 allows, then ``extra`` (``b"Name: value"``, e.g. HSTS)."""
+    fields HTTP/2 allows but those its ``Connection`` named (``nominated``),
+    then ``extra`` (``b"Name: value"``, e.g. HSTS)."""
     dropped = _WEBSOCKET_DROPPED if websocket else _RESPONSE_DROPPED
+    if nominated:
+        dropped = dropped | nominated
     fields = [(b":status", b"200" if websocket and status == 101 else b"%d" % status)]
     if extra is not None:
         name, _, value = extra.partition(b":")

@@ -27,6 +27,9 @@ class RequestRecord:
     replay: bytes | None = None
     """The request's whole bytes when it may be sent again (bodiless, idempotent)."""
     keep_alive: bool = True
+    announce_keep_alive: bool = False
+    """An HTTP/1.0 client asked to keep its connection: a response that keeps
+    it says ``Connection: keep-alive`` (RFC 9112 §9.3; HTTP/1.1 needs no field)."""
     bytes_in: int = 0
     status: int = 0
     bytes_out: int = 0

@@ -129,6 +129,10 @@ class ResponseHeadReceived:
     close_delimited: bool = False
     """The body runs until the backend closes: a client can only see where it
     ends if its own connection closes there too."""
+    nominated: frozenset[bytes] = frozenset()
+    """The fields the backend's ``Connection`` names (lowercase), but for its
+    own options and the body's framing: about the backend connection, not
+    forwarded (:func:`edge.http1.response.nominated_fields`)."""
 
     @property
     def informational(self) -> bool:

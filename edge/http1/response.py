@@ -35,6 +35,7 @@ the body itself; its trailer fields come in ``ResponseCompleted.trailers``.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 
 from edge.http1.chunked import ChunkedScanner, trailer_fields
@@ -264,6 +265,7 @@ class ResponseReader:
             state = _BODY_LENGTH if content_length else _HEAD
         event = self._head_event(head, headers, keep_alive, content_length, chunked)
         event.close_delimited = state == _BODY_UNTIL_EOF
+        event.nominated = nominated_fields(tokens)
         events.append(event)
         self._close_after = not keep_alive
         if state == _HEAD:
@@ -329,30 +331,61 @@ def _framing(headers: list[tuple[bytes, bytes]], version: bytes) -> tuple[int | 
     return length, False, False
 
 
-_RESPONSE_HOP_BY_HOP = frozenset({b"connection", b"keep-alive"})
+#: A response's fields about the connection it came on (RFC 9110 §7.6.1): the
+#: backend's ``Connection`` and ``Keep-Alive`` speak of a connection the origin
+#: pools, never of the client's (Node's ``Keep-Alive: timeout=5`` told clients
+#: that honour it, such as undici, to drop an edge connection kept for 75 s).
+_RESPONSE_HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection"})
+_CONNECTION_OPTIONS = frozenset({b"close", b"keep-alive"})
+#: Fields ``Connection`` may not take away: the client frames the body by them.
+_UNNOMINATABLE = frozenset({b"content-length", b"transfer-encoding"})
+_NOTHING_NOMINATED: frozenset[bytes] = frozenset()
+#: The fields of :data:`_RESPONSE_HOP_BY_HOP` as lines of a raw head, with any
+#: obs-fold continuation lines: one pass in C for every response. A head ends
+#: in CRLF CRLF and llhttp takes no bare LF, so each match is ``\n`` + a whole
+#: line but its CR, and taking it out leaves the CRLFs around it whole.
+_HOP_BY_HOP_LINES = re.compile(
+    rb"\n(?:connection|keep-alive|proxy-connection)[ \t]*:[^\n]*(?:\n[ \t][^\n]*)*",
+    re.IGNORECASE,
+)
 
 
-def closing_head(head: bytes) -> bytes:
-    """``head`` (a raw final response head) rewritten to say ``Connection: close``.
+def nominated_fields(options: list[bytes]) -> frozenset[bytes]:
+    """The fields a response's ``Connection`` options (lowercase tokens) name
+    besides its own ``close`` and ``keep-alive``: they are about the backend
+    connection too (RFC 9110 §7.6.1), but for the body's framing."""
+    for option in options:
+        if option not in _CONNECTION_OPTIONS and option not in _UNNOMINATABLE:
+            return frozenset(options) - _CONNECTION_OPTIONS - _UNNOMINATABLE
+    return _NOTHING_NOMINATED
 
-    For a client that asked to close: its HTTP/1.1 request went up keep-alive
-    (:mod:`edge.http1.request_head`), so the backend's ``Connection`` and
-    ``Keep-Alive`` fields speak of the backend connection, not the client's.
-    """
-    return reusable_head(head)[:-2] + b"Connection: close\r\n\r\n"
+
+def closing_head(head: bytes, nominated: frozenset[bytes] = _NOTHING_NOMINATED) -> bytes:
+    """``head`` (a raw final response head) as :func:`reusable_head` makes it,
+    saying ``Connection: close``: the client's connection ends after it."""
+    return reusable_head(head, nominated)[:-2] + b"Connection: close\r\n\r\n"
 
 
-def reusable_head(head: bytes) -> bytes:
-    """``head`` (a raw final response head) without its ``Connection`` and
-    ``Keep-Alive`` fields: the backend's ``Connection: close`` speaks of the
-    backend connection; the client's may stay open (the next request takes
-    another stream, PROTOCOL.md §6.7). Only for a response framed by length
-    or chunks (``close_delimited`` false)."""
+def reusable_head(head: bytes, nominated: frozenset[bytes] = _NOTHING_NOMINATED) -> bytes:
+    """``head`` (a raw final response head) without the fields about the
+    backend connection: ``Connection``, ``Keep-Alive``, ``Proxy-Connection``
+    and the fields ``Connection`` names (``nominated``, lowercase). The
+    client's connection lives by the edge's rules (the next request takes
+    another stream, PROTOCOL.md §6.7)."""
+    if not nominated:
+        return _HOP_BY_HOP_LINES.sub(b"", head)
+    dropped = _RESPONSE_HOP_BY_HOP | nominated
     lines = head.rstrip(b"\r\n").split(b"\n")
     kept = [lines[0].rstrip(b"\r")]
+    dropping = False
     for line in lines[1:]:
         line = line.rstrip(b"\r")
-        if line.partition(b":")[0].strip().lower() not in _RESPONSE_HOP_BY_HOP:
+        if line[:1] in (b" ", b"\t"):  # obs-fold: the rest of the field above
+            if not dropping:
+                kept.append(line)
+            continue
+        dropping = line.partition(b":")[0].strip().lower() in dropped
+        if not dropping:
             kept.append(line)
     return b"\r\n".join(kept) + b"\r\n\r\n"
 

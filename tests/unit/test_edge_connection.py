@@ -67,6 +67,65 @@ def test_a_client_that_asks_to_close_is_told_so_and_closed() -> None:
     assert transport.closed
 
 
+NODE_OK = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: keep-alive\r\n"
+    b"Keep-Alive: timeout=5\r\nContent-Length: 2\r\n\r\nok"
+)
+
+
+def test_the_backends_keep_alive_fields_never_reach_the_client() -> None:
+    # Node's "Keep-Alive: timeout=5" is about the origin's pooled connection: a
+    # client that honours it (undici) would drop an edge connection kept 75 s.
+    client, transport, services = connect()
+    client.data_received(get())
+    services.streams[0].respond(NODE_OK)
+    written = transport.take()
+    assert written == (
+        b"HTTP/1.1 200 OK\r\nX-Request-Id: req0001\r\nContent-Type: text/plain\r\n"
+        b"Content-Length: 2\r\n\r\nok"
+    )
+    client.data_received(get("/next"))
+    assert len(services.streams) == 2 and not transport.closed
+
+
+def test_an_http10_keep_alive_client_is_told_its_connection_stays() -> None:
+    client, transport, services = connect()
+    request = b"GET / HTTP/1.0\r\nHost: app.test\r\nConnection: keep-alive\r\n\r\n"
+    client.data_received(request)
+    services.streams[0].respond(NODE_OK)
+    written = transport.take()
+    head = written.split(b"\r\n\r\n")[0].lower().split(b"\r\n")
+    assert [line for line in head if line.startswith((b"connection", b"keep-alive"))] == [
+        b"connection: keep-alive"
+    ]
+    client.data_received(request)  # and it does
+    assert len(services.streams) == 2 and not transport.closed
+
+
+def test_fields_the_backends_connection_names_stay_behind() -> None:
+    client, transport, services = connect()
+    client.data_received(get())
+    services.streams[0].respond(
+        b"HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Pool-Slot, Content-Length\r\n"
+        b"X-Pool-Slot: 3\r\nX-Kept: 1\r\nContent-Length: 2\r\n\r\nok"
+    )
+    written = transport.take()
+    assert b"X-Pool-Slot" not in written and b"Connection" not in written
+    assert b"X-Kept: 1\r\nContent-Length: 2\r\n\r\nok" in written  # framing stays
+
+
+def test_a_close_delimited_body_ends_with_the_client_connection() -> None:
+    client, transport, services = connect()
+    client.data_received(get())
+    services.streams[0].respond(
+        b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n\r\nuntil"
+    )
+    services.streams[0].backend_eof()
+    written = transport.take()
+    assert written.endswith(b"Connection: close\r\n\r\nuntil")
+    assert b"keep-alive" not in written.lower() and transport.closed
+
+
 def test_only_the_backend_closing_leaves_the_client_connection_open() -> None:
     client, transport, services = connect()
     client.data_received(get())

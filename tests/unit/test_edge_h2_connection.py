@@ -160,3 +160,20 @@ def test_a_chunked_responses_trailers_end_the_stream_as_trailing_headers() -> No
         assert trailers.headers == [(b"x-sum", b"77")]  # no connection-specific field
 
     run_async(run())
+
+
+def test_fields_the_backends_connection_names_are_not_forwarded() -> None:
+    async def run() -> None:
+        _server, transport, stream, client = await _one_get()
+        stream.respond(
+            b"HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Slot\r\nKeep-Alive: timeout=5\r\n"
+            b"X-Slot: 3\r\nX-Kept: 1\r\nContent-Length: 2\r\n\r\nok"
+        )
+        frames = [f for f in _frames(await _flushed(transport)) if f.stream_id == 1]
+        events = client.receive_data(b"".join(f.serialize() for f in frames))
+        (head,) = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
+        names = [name for name, _ in head.headers]
+        assert b"x-kept" in names and b"content-length" in names
+        assert not {b"x-slot", b"connection", b"keep-alive"} & set(names)
+
+    run_async(run())
