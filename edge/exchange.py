@@ -155,8 +155,11 @@ class Exchange:
         self._head = head.head
         self._method = head.method
         self.websocket_key = head.websocket_upgrade.key if head.websocket_upgrade else None
-        self._connection_metadata = connection_metadata + encode_request_fields(
-            head.host, head.request_id, record.method, record.path
+        # The request's own items first: the origin decodes the connection's,
+        # which follow, once per client connection (StreamMetadata.decode).
+        self._connection_metadata = (
+            encode_request_fields(head.host, head.request_id, record.method, record.path)
+            + connection_metadata
         )
         self._decode_chunked = decode_chunked
         self.upstream: Upstream | None = None  # while a stream is open

@@ -15,11 +15,13 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.mux_pair import SessionPair, Side
 from tunnel.mux import ErrorCode, SessionConfig, StreamClosedError, StreamMetadata
+from tunnel.mux.errors import MetadataError
 from tunnel.mux.reader import FrameReader
 from tunnel.mux.stream import TRANSITIONS, Stream, StreamInput, StreamState
 from tunnel.mux.window import ReceiveWindow
@@ -312,3 +314,52 @@ def test_the_state_table_matches_a_two_flag_model(inputs: list[StreamInput]) -> 
         assert stream.state is expected
         assert stream.end_queued == local_ended and stream.peer_ended == remote_ended
     assert len(TRANSITIONS) == 8
+
+
+_TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
+_ADDRESSES = st.one_of(
+    st.none(),
+    st.tuples(st.sampled_from(["192.0.2.1", "198.51.100.7", "2001:db8::1"]), st.integers(0, 65535)),
+)
+_METADATA = st.builds(
+    StreamMetadata,
+    client_address=_ADDRESSES,
+    server_address=_ADDRESSES,
+    server_name=st.none() | _TEXT,
+    tls_version=st.none() | _TEXT,
+    edge_id=st.none() | _TEXT,
+    host=st.none() | _TEXT,
+    request_id=st.none() | _TEXT,
+    tls_resumed=st.none() | st.booleans(),
+    method=st.none() | _TEXT,
+    target=st.none() | _TEXT,
+    extra=st.dictionaries(st.integers(0x20, 0xFF), st.binary(max_size=6), max_size=3),
+)
+
+
+def _items(encoded: bytes) -> list[bytes]:
+    items, pos = [], 0
+    while pos < len(encoded):
+        length = int.from_bytes(encoded[pos + 1 : pos + 3], "big")
+        items.append(encoded[pos : pos + 3 + length])
+        pos += 3 + length
+    return items
+
+
+@settings(max_examples=200, deadline=None)
+@given(meta=_METADATA, seed=st.integers(0, 2**32 - 1), twice=st.booleans())
+def test_metadata_decodes_the_same_in_any_order(
+    meta: StreamMetadata, seed: int, twice: bool
+) -> None:
+    """Items may come in any order (PROTOCOL.md §6.2); the origin decodes the
+    part from the first connection item once per distinct octets, and that
+    must change nothing, nor let a repeated key through."""
+    items = _items(meta.encode())
+    random.Random(seed).shuffle(items)
+    wire = b"".join(items)
+    assert StreamMetadata.decode(wire) == meta
+    assert StreamMetadata.decode(wire) == meta  # the memo's answer, if it kept one
+    if twice and items:
+        repeated = b"".join([*items, items[0]])
+        with pytest.raises(MetadataError):
+            StreamMetadata.decode(repeated)

@@ -519,6 +519,11 @@ def test_unknown_metadata_keys_are_kept_and_passed_on() -> None:
         bytes.fromhex("0a 0000"),
         bytes.fromhex("08 0001 61 08 0001 62"),  # a known key twice
         bytes.fromhex("ee 0000 ee 0000"),  # an unknown key twice
+        # a key before and after the first item about the connection (the
+        # two parts are decoded apart: StreamMetadata.decode)
+        bytes.fromhex("08 0001 61 01 0007 04 01020304 0050 08 0001 62"),
+        bytes.fromhex("ee 0000 01 0007 04 01020304 0050 ee 0000"),
+        bytes.fromhex("08 0001 61 01 0007 04 01020304 0050 0a 0001 02"),
     ],
 )
 def test_malformed_metadata_is_refused(raw: bytes) -> None:
@@ -564,3 +569,30 @@ def test_request_fields_appended_to_a_connections_encoding_decode_as_one() -> No
         "tokyo-1",
     )
     assert encode_request_fields(None, None) == b""
+
+
+def test_a_connections_items_are_decoded_once_for_all_its_requests() -> None:
+    from tunnel.mux.metadata import _decode_items_memo, encode_request_fields
+
+    connection = StreamMetadata(
+        client_address=("198.51.100.7", 50123), tls_version="TLSv1.3", edge_id="osaka-2"
+    ).encode()
+    before = _decode_items_memo.cache_info()
+    for n in range(3):
+        decoded = StreamMetadata.decode(
+            encode_request_fields("shop.test", f"r-{n}", "GET", f"/p{n}") + connection
+        )
+        assert (decoded.request_id, decoded.target) == (f"r-{n}", f"/p{n}")
+        assert decoded.client_address == ("198.51.100.7", 50123)
+        assert (decoded.tls_version, decoded.edge_id) == ("TLSv1.3", "osaka-2")
+    after = _decode_items_memo.cache_info()
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 2)
+
+
+def test_a_malformed_connection_part_is_refused_every_time() -> None:
+    from tunnel.mux.metadata import encode_request_fields
+
+    bad = encode_request_fields("shop.test", "r-1") + bytes.fromhex("0a 0001 07")
+    for _ in range(2):
+        with pytest.raises(MetadataError):
+            StreamMetadata.decode(bad)
