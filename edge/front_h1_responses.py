@@ -141,7 +141,7 @@ class Http1Responses:
                     data = with_field(data, b"Connection: keep-alive")
             if self._hsts is not None:
                 data = with_field(data, self._hsts)
-            if record.request_id and not any(n == b"x-request-id" for n, _ in head.headers):
+            if record.request_id and not head.forwards_request_id:
                 data = with_field(data, b"X-Request-Id: " + record.request_id.encode())
         self.write_response(record, data)
 

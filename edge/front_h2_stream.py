@@ -167,7 +167,7 @@ class ClientStream:
             nominated=head.nominated,
         )
         record = exchange.record
-        if record.request_id and not any(n == b"x-request-id" for n, _ in head.headers):
+        if record.request_id and not head.forwards_request_id:
             fields.append((b"x-request-id", record.request_id.encode()))
         self.send_headers(fields)
         if self.record is not None:

@@ -138,6 +138,14 @@ class ResponseHeadReceived:
     def informational(self) -> bool:
         return self.status < 200
 
+    @property
+    def forwards_request_id(self) -> bool:
+        """The head carries an ``X-Request-Id`` that reaches the client (not
+        one its ``Connection`` names): the edge adds its own otherwise."""
+        if b"x-request-id" in self.nominated:
+            return False
+        return any(name == b"x-request-id" for name, _ in self.headers)
+
 
 @dataclass(slots=True)
 class ResponseBodyReceived:

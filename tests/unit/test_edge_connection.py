@@ -114,6 +114,24 @@ def test_fields_the_backends_connection_names_stay_behind() -> None:
     assert b"X-Kept: 1\r\nContent-Length: 2\r\n\r\nok" in written  # framing stays
 
 
+def test_a_request_id_the_backends_connection_names_is_replaced_by_the_edges() -> None:
+    client, transport, services = connect()
+    client.data_received(get())
+    services.streams[0].respond(
+        b"HTTP/1.1 200 OK\r\nConnection: X-Request-Id\r\nX-Request-Id: backend-7\r\n"
+        b"Content-Length: 2\r\n\r\nok"
+    )
+    written = transport.take()
+    assert b"backend-7" not in written
+    assert written.count(b"X-Request-Id: req0001\r\n") == 1
+    client.data_received(get("/next"))  # a backend id the client may see is kept
+    services.streams[1].respond(
+        b"HTTP/1.1 200 OK\r\nX-Request-Id: backend-8\r\nContent-Length: 2\r\n\r\nok"
+    )
+    written = transport.take()
+    assert b"X-Request-Id: backend-8\r\n" in written and b"req0002" not in written
+
+
 def test_a_close_delimited_body_ends_with_the_client_connection() -> None:
     client, transport, services = connect()
     client.data_received(get())

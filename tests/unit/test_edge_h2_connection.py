@@ -175,5 +175,21 @@ def test_fields_the_backends_connection_names_are_not_forwarded() -> None:
         names = [name for name, _ in head.headers]
         assert b"x-kept" in names and b"content-length" in names
         assert not {b"x-slot", b"connection", b"keep-alive"} & set(names)
+        assert (b"x-request-id", b"req0001") in head.headers
+
+    run_async(run())
+
+
+def test_a_request_id_the_backends_connection_names_is_replaced_by_the_edges() -> None:
+    async def run() -> None:
+        _server, transport, stream, client = await _one_get()
+        stream.respond(
+            b"HTTP/1.1 200 OK\r\nConnection: x-request-id\r\nX-Request-Id: backend-7\r\n"
+            b"Content-Length: 2\r\n\r\nok"
+        )
+        frames = [f for f in _frames(await _flushed(transport)) if f.stream_id == 1]
+        events = client.receive_data(b"".join(f.serialize() for f in frames))
+        (head,) = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
+        assert [v for n, v in head.headers if n == b"x-request-id"] == [b"req0001"]
 
     run_async(run())
