@@ -303,6 +303,15 @@ class Stack:
             name, pinned(SERVER_CPU, argv), log=self.log(name), cwd=ROOT, env=env
         )
 
+    def start_python(self, name: str, argv: list[str], port: int) -> int:
+        """``python -m argv`` from the checkout as ``name``, pinned with the other
+        servers, once it listens on ``port``; :meth:`check_alive` watches it and
+        :meth:`stop` stops it like the rest. Its PID."""
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = self._spawn(name, [sys.executable, "-m", *argv], env=env)
+        wait_port(port, time.monotonic() + 20, proc, self.log(name))
+        return proc.pid
+
     def pid(self, name: str) -> int:
         return self.processes.procs[name].pid
 

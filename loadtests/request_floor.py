@@ -40,13 +40,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import struct
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,10 +52,10 @@ from edge.config import CertificateConfig, TlsConfig
 from edge.listener import TlsListener
 from edge.tls import CertificateStore
 from geoedge.listening import bind_listener
-from loadtests import edge_stack
-from loadtests.bench_edge import Settings, client_prefix, preflight, prepare_process
+from loadtests.bench_edge import Settings, client_prefix
 from loadtests.edge_clients import run_wrk
-from loadtests.edge_stack import CLIENT_CPU, Stack, free_port, pinned, tree_cpu_seconds, wait_port
+from loadtests.edge_stack import CLIENT_CPU, Stack, free_port, tree_cpu_seconds
+from loadtests.floor_runner import alternating_rounds, run_and_write
 from tunnel.aio.tls import tunnel_client_context, tunnel_server_context
 
 RESULTS = Path(__file__).resolve().parent / "results" / "request_floor.json"
@@ -238,30 +233,6 @@ def key_directory(stack: Stack, directory: Path) -> Path:
     return directory
 
 
-def start_hop(
-    stack: Stack, hop: str, port: int, peer_port: int, keys: Path
-) -> subprocess.Popen[bytes]:
-    """One floor hop, pinned with the other servers (stopped by the caller)."""
-    argv = [sys.executable, "-m", "loadtests.request_floor", "--serve", hop]
-    argv += ["--port", str(port), "--peer-port", str(peer_port), "--keys", str(keys)]
-    log = stack.log(f"floor-{hop}")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            pinned(edge_stack.SERVER_CPU, argv),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=edge_stack.ROOT,
-            env={**os.environ, "PYTHONPATH": str(edge_stack.ROOT)},
-        )
-    try:
-        wait_port(port, time.monotonic() + 20, proc, log)
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    return proc
-
-
 def measure(pids: dict[str, int], port: int, seconds: float) -> dict[str, Any]:
     before = {name: tree_cpu_seconds([pid]) for name, pid in pids.items()}
     url = f"https://127.0.0.1:{port}/"
@@ -282,35 +253,32 @@ def run(rounds: int, seconds: float, workdir: Path) -> dict[str, Any]:
     if (os.cpu_count() or 1) > CLIENT_CPU:
         os.sched_setaffinity(0, {CLIENT_CPU})
     stack = Stack(workdir)
-    hops: list[subprocess.Popen[bytes]] = []
     try:
         stack.start()
         keys = key_directory(stack, workdir / "floor-keys")
-        origin_port, edge_port = free_port(), free_port()
-        hops.append(start_hop(stack, "origin", origin_port, stack.ports.node, keys))
-        hops.append(start_hop(stack, "edge", edge_port, origin_port, keys))
-        floor_pids = {"edge": hops[1].pid, "origin": hops[0].pid, "node": stack.pid("node")}
+        hop_ports = {"origin": free_port(), "edge": free_port()}
+        peer_ports = {"origin": stack.ports.node, "edge": hop_ports["origin"]}
+        floor_pids = {}
+        for hop in ("origin", "edge"):  # the edge hop dials the origin hop
+            argv = ["loadtests.request_floor", "--serve", hop, "--port", str(hop_ports[hop])]
+            argv += ["--peer-port", str(peer_ports[hop]), "--keys", str(keys)]
+            floor_pids[hop] = stack.start_python(f"floor-{hop}", argv, hop_ports[hop])
         targets = {
-            "floor": (floor_pids, edge_port),
+            "floor": ({**floor_pids, "node": stack.pid("node")}, hop_ports["edge"]),
             "haproxy": (stack.server_pids("haproxy"), stack.ports.haproxy),
             "geoedge": (stack.server_pids("geoedge"), stack.ports.edge),
         }
         for _pids, port in targets.values():  # warm up (caches, parked connections)
             run_wrk(client_prefix(), f"https://127.0.0.1:{port}/", 1.0, CONNECTIONS)
-        runs: dict[str, list[dict[str, Any]]] = {chain: [] for chain in CHAINS}
-        for index in range(rounds):
-            order = CHAINS if index % 2 == 0 else CHAINS[::-1]
-            for chain in order:
-                pids, port = targets[chain]
-                runs[chain].append(measure(pids, port, seconds))
-                stack.check_alive()
-                for hop in hops:
-                    if hop.poll() is not None:
-                        raise RuntimeError(f"a floor hop exited ({hop.returncode}); see its log")
+
+        def measure_chain(chain: str) -> dict[str, Any]:
+            pids, port = targets[chain]
+            measured = measure(pids, port, seconds)
+            stack.check_alive()
+            return measured
+
+        runs = alternating_rounds(rounds, CHAINS, measure_chain)
     finally:
-        for hop in hops:
-            hop.terminate()
-            hop.wait(10)
         stack.stop()
     return {"runs": runs}
 
@@ -390,37 +358,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not 1 <= args.rounds <= 10 or not 1 <= args.seconds <= 60:
         parser.error("need 1 <= --rounds <= 10 and 1 <= --seconds <= 60")
-    problems = preflight()
-    if problems:
-        print("bench-request-floor: cannot run:\n  " + "\n  ".join(problems), file=sys.stderr)
-        return 2
-    prepare_process()
-    load_before = os.getloadavg()
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench-request-floor-") as tmp:
-            details = run(args.rounds, args.seconds, Path(tmp))
-    except KeyboardInterrupt:
-        print("bench-request-floor: interrupted; servers stopped", file=sys.stderr)
-        return 130
-    except (edge_stack.StackError, RuntimeError) as exc:
-        print(f"bench-request-floor: {exc}", file=sys.stderr)
-        return 1
-    figures = summarize(details)
-    result = {
-        **figures,
-        "environment": {
-            "load_average_before": [round(x, 2) for x in load_before],
-            "load_average_after": [round(x, 2) for x in os.getloadavg()],
-            "rounds": args.rounds,
-            "seconds": args.seconds,
-        },
-        "details": details,
-    }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(report(figures))
-    print(f"wrote {args.output}")
-    return 0
+    return run_and_write(
+        "bench-request-floor", args.rounds, args.seconds, args.output, run, summarize, report
+    )
 
 
 if __name__ == "__main__":

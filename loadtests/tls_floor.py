@@ -30,13 +30,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +41,9 @@ from edge.config import CertificateConfig, TlsConfig
 from edge.listener import TlsListener
 from edge.tls import CertificateStore
 from geoedge.listening import bind_listener
-from loadtests import edge_stack
-from loadtests.bench_edge import client_prefix, preflight, prepare_process
-from loadtests.edge_stack import CLIENT_CPU, Stack, free_port, pinned, tree_cpu_seconds, wait_port
+from loadtests.bench_edge import client_prefix
+from loadtests.edge_stack import CLIENT_CPU, Stack, free_port, tree_cpu_seconds
+from loadtests.floor_runner import alternating_rounds, run_and_write
 from loadtests.handshake_client import go_client, run_handshakes
 
 RESULTS = Path(__file__).resolve().parent / "results" / "tls_floor.json"
@@ -82,28 +77,6 @@ async def serve(port: int, cert: Path, key: Path) -> None:
     await asyncio.Event().wait()
 
 
-def start_floor(stack: Stack, port: int) -> subprocess.Popen[bytes]:
-    """The floor server, pinned with the other servers (stopped by the caller)."""
-    argv = [sys.executable, "-m", "loadtests.tls_floor", "--serve", str(port)]
-    argv += ["--cert", str(stack.keys.server.cert), "--key", str(stack.keys.server.key)]
-    log = stack.log("floor")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            pinned(edge_stack.SERVER_CPU, argv),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=edge_stack.ROOT,
-            env={**os.environ, "PYTHONPATH": str(edge_stack.ROOT)},
-        )
-    try:
-        wait_port(port, time.monotonic() + 20, proc, log)
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    return proc
-
-
 def measure(pids: dict[str, int], port: int, seconds: float, client: Path | None) -> dict[str, Any]:
     before = {name: tree_cpu_seconds([pid]) for name, pid in pids.items()}
     run = run_handshakes(client_prefix(), port, seconds, 32, client)
@@ -125,29 +98,28 @@ def run(rounds: int, seconds: float, workdir: Path) -> dict[str, Any]:
     if (os.cpu_count() or 1) > CLIENT_CPU:
         os.sched_setaffinity(0, {CLIENT_CPU})
     stack = Stack(workdir)
-    floor: subprocess.Popen[bytes] | None = None
     try:
         stack.start()
         floor_port = free_port()
-        floor = start_floor(stack, floor_port)
+        argv = ["loadtests.tls_floor", "--serve", str(floor_port)]
+        argv += ["--cert", str(stack.keys.server.cert), "--key", str(stack.keys.server.key)]
+        floor = stack.start_python("floor", argv, floor_port)
         targets = {
-            "floor": ({"floor": floor.pid}, floor_port),
+            "floor": ({"floor": floor}, floor_port),
             "haproxy": (stack.server_pids("haproxy"), stack.ports.haproxy),
             "geoedge": (stack.server_pids("geoedge"), stack.ports.edge),
         }
         for _pids, port in targets.values():  # warm up (caches, the Go client's build)
             run_handshakes(client_prefix(), port, 1.0, 8, client)
-        runs: dict[str, list[dict[str, Any]]] = {chain: [] for chain in CHAINS}
-        for index in range(rounds):
-            order = CHAINS if index % 2 == 0 else CHAINS[::-1]
-            for chain in order:
-                pids, port = targets[chain]
-                runs[chain].append(measure(pids, port, seconds, client))
-                stack.check_alive()
+
+        def measure_chain(chain: str) -> dict[str, Any]:
+            pids, port = targets[chain]
+            measured = measure(pids, port, seconds, client)
+            stack.check_alive()
+            return measured
+
+        runs = alternating_rounds(rounds, CHAINS, measure_chain)
     finally:
-        if floor is not None:
-            floor.terminate()
-            floor.wait(10)
         stack.stop()
     return {"client": "go" if client else "python", "notes": log, "runs": runs}
 
@@ -217,38 +189,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not 1 <= args.rounds <= 10 or not 0.5 <= args.seconds <= 60:
         parser.error("need 1 <= --rounds <= 10 and 0.5 <= --seconds <= 60")
-    problems = preflight()
-    if problems:
-        print("bench-tls-floor: cannot run:\n  " + "\n  ".join(problems), file=sys.stderr)
-        return 2
-    prepare_process()
-    load_before = os.getloadavg()
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench-tls-floor-") as tmp:
-            details = run(args.rounds, args.seconds, Path(tmp))
-    except KeyboardInterrupt:
-        print("bench-tls-floor: interrupted; servers stopped", file=sys.stderr)
-        return 130
-    except (edge_stack.StackError, RuntimeError) as exc:
-        print(f"bench-tls-floor: {exc}", file=sys.stderr)
-        return 1
-    figures = summarize(details)
-    result = {
-        **figures,
-        "environment": {
-            "load_average_before": [round(x, 2) for x in load_before],
-            "load_average_after": [round(x, 2) for x in os.getloadavg()],
-            "rounds": args.rounds,
-            "seconds": args.seconds,
-            "handshake_client": details["client"],
-        },
-        "details": details,
-    }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(report(figures))
-    print(f"wrote {args.output}")
-    return 0
+    return run_and_write(
+        "bench-tls-floor",
+        args.rounds,
+        args.seconds,
+        args.output,
+        run,
+        summarize,
+        report,
+        environment=lambda details: {"handshake_client": details["client"]},
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -19,9 +20,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from geoedge import devstack
 from geoedge.pki import CertPaths
-from tests.conftest import PkiFiles
+from tests.conftest import PkiFiles, scaled
 from tests.tunnel_env import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +33,22 @@ NODE_APP = ROOT / "deploy" / "node-app" / "server.js"
 
 def node_available() -> bool:
     return (ROOT / "deploy" / "node-app" / "node_modules").is_dir()
+
+
+def load_test_marks(*, wrk: bool) -> list[pytest.MarkDecorator]:
+    """A load test's short run beside HAProxy: skipped without Node.js's app,
+    HAProxy (and ``wrk``, when it drives the load) or a second CPU for the client."""
+    marks = [
+        pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed"),
+        pytest.mark.skipif(
+            not os.access("/usr/sbin/haproxy", os.X_OK), reason="haproxy is not installed"
+        ),
+        pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs (servers, client)"),
+        pytest.mark.timeout(scaled(240)),
+    ]
+    if wrk:
+        marks.append(pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed"))
+    return marks
 
 
 def run_load_test(module: str, *args: str, timeout: float) -> str:

@@ -7,24 +7,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import scaled
-from tests.edge_env import node_available, run_load_test
+from tests.edge_env import load_test_marks, run_load_test
 
-HAPROXY = "/usr/sbin/haproxy"
-
-pytestmark = [
-    pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed"),
-    pytest.mark.skipif(not os.access(HAPROXY, os.X_OK), reason="haproxy is not installed"),
-    pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed"),
-    pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs (servers, client)"),
-    pytest.mark.timeout(scaled(240)),
-]
+pytestmark = load_test_marks(wrk=True)
 
 POSITIVE = (
     "handshakes_per_s",

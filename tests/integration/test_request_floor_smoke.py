@@ -6,22 +6,14 @@ Node.js and back over its multiplexed TLS link), not the figures."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import scaled
-from tests.edge_env import node_available, run_load_test
+from tests.edge_env import load_test_marks, run_load_test
 
-pytestmark = [
-    pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed"),
-    pytest.mark.skipif(
-        not os.access("/usr/sbin/haproxy", os.X_OK), reason="haproxy is not installed"
-    ),
-    pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs (servers, client)"),
-    pytest.mark.timeout(scaled(240)),
-]
+pytestmark = load_test_marks(wrk=True)
 
 
 def test_short_run_measures_every_chain(tmp_path: Path) -> None:

@@ -69,6 +69,16 @@ async def _flushed(transport: FakeClientTransport) -> bytes:
     return transport.take()
 
 
+async def _response_headers(
+    transport: FakeClientTransport, client: h2.connection.H2Connection
+) -> list[tuple[bytes, bytes]]:
+    """The fields of the response head the client reads on stream 1."""
+    frames = [f for f in _frames(await _flushed(transport)) if f.stream_id == 1]
+    events = client.receive_data(b"".join(f.serialize() for f in frames))
+    (head,) = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
+    return list(head.headers)
+
+
 def test_a_response_read_in_one_piece_ends_on_its_data_frame() -> None:
     async def run() -> None:
         _server, transport, stream, client = await _one_get()
@@ -169,13 +179,11 @@ def test_fields_the_backends_connection_names_are_not_forwarded() -> None:
             b"HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Slot\r\nKeep-Alive: timeout=5\r\n"
             b"X-Slot: 3\r\nX-Kept: 1\r\nContent-Length: 2\r\n\r\nok"
         )
-        frames = [f for f in _frames(await _flushed(transport)) if f.stream_id == 1]
-        events = client.receive_data(b"".join(f.serialize() for f in frames))
-        (head,) = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
-        names = [name for name, _ in head.headers]
+        headers = await _response_headers(transport, client)
+        names = [name for name, _ in headers]
         assert b"x-kept" in names and b"content-length" in names
         assert not {b"x-slot", b"connection", b"keep-alive"} & set(names)
-        assert (b"x-request-id", b"req0001") in head.headers
+        assert (b"x-request-id", b"req0001") in headers
 
     run_async(run())
 
@@ -187,9 +195,7 @@ def test_a_request_id_the_backends_connection_names_is_replaced_by_the_edges() -
             b"HTTP/1.1 200 OK\r\nConnection: x-request-id\r\nX-Request-Id: backend-7\r\n"
             b"Content-Length: 2\r\n\r\nok"
         )
-        frames = [f for f in _frames(await _flushed(transport)) if f.stream_id == 1]
-        events = client.receive_data(b"".join(f.serialize() for f in frames))
-        (head,) = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
-        assert [v for n, v in head.headers if n == b"x-request-id"] == [b"req0001"]
+        headers = await _response_headers(transport, client)
+        assert [v for n, v in headers if n == b"x-request-id"] == [b"req0001"]
 
     run_async(run())
