@@ -61,6 +61,7 @@ from edge.deadlines import Deadlines
 from edge.exchange import Exchange, RequestRecord
 from edge.front_h2_session import H2Session
 from edge.front_h2_stream import RESPONSE_BUFFER, ClientStream
+from edge.h2_fields import MalformedFields, check_request, check_trailers
 from edge.h2_translate import translate_request
 from edge.http1 import (
     ClientContext,
@@ -208,6 +209,13 @@ class Http2Connection(asyncio.Protocol):
             # reader's trailer rules; after a body framed by its content-length
             # HTTP/1.1 has nowhere to put them: dropped (RFC 9110 §6.5.1).
             stream = self._session.streams.get(event.stream_id)
+            try:
+                check_trailers(event.headers)
+            except MalformedFields as exc:
+                self._refuse_malformed(event.stream_id, exc)
+                if stream is not None:
+                    stream.forget("rejected", exc.reason)
+                return
             if stream is not None and stream.chunked:
                 stream.request_trailers = b"".join(
                     n + b": " + v + b"\r\n" for n, v in event.headers
@@ -240,9 +248,13 @@ class Http2Connection(asyncio.Protocol):
         if session.going_away or services.draining:
             session.conn.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
-        translated = translate_request(
-            list(event.headers), ends_stream=event.stream_ended is not None
-        )
+        fields = event.headers
+        try:
+            check_request(fields)
+        except MalformedFields as exc:
+            self._refuse_malformed(stream_id, exc)
+            return
+        translated = translate_request(fields, ends_stream=event.stream_ended is not None)
         reader = RequestReader(services.http_limits, self._context, services.new_request_id)  # type: ignore[arg-type]
         stream = ClientStream(
             session,
@@ -308,6 +320,14 @@ class Http2Connection(asyncio.Protocol):
             protocol="h2", outcome="rejected", reason=event.reason,
         )  # fmt: skip
         stream.respond(event.status)
+
+    def _refuse_malformed(self, stream_id: int, exc: MalformedFields) -> None:
+        """A stream error (RFC 9113 §8.1.1): RST_STREAM(PROTOCOL_ERROR) ends
+        that request and no other; each counts as a reset the client caused."""
+        self.services.count_error("h2_malformed")
+        throttled.info("malformed HTTP/2 request from %s: %s", self.client_ip, exc.reason)
+        self._session.conn.reset_stream(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+        self._count("resets", MAX_CLIENT_RESETS)
 
     def _on_data(self, event: h2.events.DataReceived) -> None:
         stream = self._session.streams.get(event.stream_id)

@@ -330,13 +330,14 @@ class ClientStream:
                 pass
             session.flush()
 
-    def forget(self, outcome: str) -> None:
-        """The client reset the stream: nothing more goes out on it."""
+    def forget(self, outcome: str, reason: str = "") -> None:
+        """The stream is reset (by the client, or by us for ``reason``): nothing
+        more goes out on it."""
         self.closed = True
         self.out.clear()
         self.out_bytes = 0
         if self.exchange is not None:
-            self.exchange.cancel(outcome)
+            self.exchange.cancel(outcome, reason)
         else:
             self.settle()
 

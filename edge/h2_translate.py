@@ -6,12 +6,13 @@ id, WebSocket handshakes, limits) lives in :mod:`edge.http1`, with its tests
 and its fuzzers. An HTTP/2 request written as an HTTP/1.1 head and fed to the
 same :class:`edge.http1.RequestReader` goes through all of them, and what
 reaches Node.js is exactly what an HTTP/1.1 client's request would become.
-The ``h2`` library has already refused what HTTP/2 forbids (RFC 9113 §8.2:
-no CR, LF or NUL in a field, lowercase names, no connection-specific
+:mod:`edge.h2_fields` has already refused what HTTP/2 forbids (RFC 9113
+§8.2: no CR, LF or NUL in a field, lowercase names, no connection-specific
 fields, valid pseudo-header sets), so the head written here is well formed.
 
 - ``:authority`` becomes ``Host`` (a ``host`` field beside it is dropped:
-  RFC 9113 §8.3.1 makes them the same); ``:method`` and ``:path`` the request
+  RFC 9113 §8.3.1 makes them the same; without ``:authority`` the ``host``
+  field is the request's ``Host``); ``:method`` and ``:path`` the request
   line; ``cookie`` fields are joined with ``"; "`` (§8.2.3).
 - A request with a body and no ``content-length`` is sent up chunked (the
   front end chunk-frames its DATA, and puts its trailers, if any, in the last
@@ -65,6 +66,7 @@ def translate_request(
     fields: list[tuple[bytes, bytes]] = []
     cookies: list[bytes] = []
     has_length = False
+    host: bytes | None = None
     for name, value in headers:
         if name[:1] == b":":
             pseudo[name] = value
@@ -73,8 +75,10 @@ def translate_request(
         elif name not in _REQUEST_DROPPED:
             fields.append((name, value))
             has_length = has_length or name == b"content-length"
+        elif name == b"host":
+            host = value
     method = pseudo.get(b":method", b"")
-    authority = pseudo.get(b":authority")
+    authority = pseudo.get(b":authority", host)
     websocket = method == b"CONNECT" and pseudo.get(b":protocol") == b"websocket"
     if websocket:
         line = b"GET " + pseudo.get(b":path", b"/") + b" HTTP/1.1"

@@ -63,6 +63,13 @@ def test_an_h2_request_becomes_http11_with_host_cookies_and_framing() -> None:
     assert not bodiless.chunked
 
 
+def test_a_host_field_without_authority_is_the_requests_host() -> None:
+    fields = [(b":method", b"GET"), (b":scheme", b"https"), (b":path", b"/"), (b"host", b"a.test")]
+    assert translate_request(fields, ends_stream=True).head == (
+        b"GET / HTTP/1.1\r\nhost: a.test\r\n\r\n"
+    )
+
+
 def test_an_extended_connect_becomes_a_websocket_handshake() -> None:
     fields = [
         (b":method", b"CONNECT"), (b":protocol", b"websocket"), (b":scheme", b"https"),

@@ -199,3 +199,53 @@ def test_a_request_id_the_backends_connection_names_is_replaced_by_the_edges() -
         assert [v for n, v in headers if n == b"x-request-id"] == [b"req0001"]
 
     run_async(run())
+
+
+def _unchecked(client: h2.connection.H2Connection) -> h2.connection.H2Connection:
+    """The client sends whatever fields it is given (h2 would refuse them)."""
+    client.config.validate_outbound_headers = False
+    client.config.normalize_outbound_headers = False
+    return client
+
+
+def test_a_malformed_request_resets_its_stream_and_no_other() -> None:
+    async def run() -> None:
+        server, transport, services, client = await _connect()
+        _unchecked(client).send_headers(1, [*REQUEST, (b"X-Upper", b"1")], end_stream=True)
+        client.send_headers(3, [*REQUEST, (b"connection", b"close")], end_stream=True)
+        client.send_headers(5, REQUEST, end_stream=True)
+        server.data_received(client.data_to_send())
+        resets = {
+            f.stream_id: f.error_code
+            for f in _frames(await _flushed(transport))
+            if isinstance(f, hyperframe.frame.RstStreamFrame)
+        }
+        assert resets == {1: 1, 3: 1}  # PROTOCOL_ERROR (RFC 9113 §8.1.1)
+        (stream,) = services.streams  # only stream 5 went up the tunnel
+        assert stream.metadata.target == "/a"
+        assert services.errors == ["h2_malformed", "h2_malformed"]
+        assert not transport.is_closing()
+
+    run_async(run())
+
+
+def test_malformed_trailers_reset_the_stream_and_its_tunnel_stream() -> None:
+    async def run() -> None:
+        server, transport, services, client = await _connect()
+        client.send_headers(1, [(b":method", b"POST"), *REQUEST[1:]], end_stream=False)
+        client.send_data(1, b"hello")
+        server.data_received(client.data_to_send())
+        (stream,) = services.streams
+        _unchecked(client).send_headers(1, [(b"x-sum", b"7\r\nx-injected: 1")], end_stream=True)
+        server.data_received(client.data_to_send())
+        resets = [
+            f for f in _frames(await _flushed(transport))
+            if isinstance(f, hyperframe.frame.RstStreamFrame)
+        ]  # fmt: skip
+        assert [(f.stream_id, f.error_code) for f in resets] == [(1, 1)]
+        assert stream.ended_with is not None  # the request never completes upstream
+        assert b"x-injected" not in stream.sent
+        ((record, _sent),) = services.logged
+        assert (record.outcome, record.reason) == ("rejected", "NUL, CR or LF in a field value")
+
+    run_async(run())
