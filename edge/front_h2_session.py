@@ -21,6 +21,7 @@ import hyperframe.frame
 
 from edge.exchange import RequestRecord
 from edge.front_h2_stream import ClientStream
+from edge.h2_decoder import RequestHeadDecoder
 from edge.h2_encoder import StaticTableEncoder
 from edge.ledger import OutputLedger
 from edge.services import EdgeServices
@@ -97,6 +98,7 @@ class H2Session:
         )
         conn = h2.connection.H2Connection(config=config)
         conn.encoder = StaticTableEncoder()
+        conn.decoder = RequestHeadDecoder()
         codes = h2.settings.SettingCodes
         max_header_bytes = services.http_limits.max_header_bytes
         conn.local_settings = h2.settings.Settings(
