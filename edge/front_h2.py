@@ -1,12 +1,15 @@
 """The HTTP/2 front end: one client connection, each of its streams one exchange.
 
-The ``h2`` library (python-hyper) owns the HTTP/2 state machine, HPACK and
-flow-control arithmetic; this module is the adapter between it, the client's
+The ``h2`` library (python-hyper) owns the HTTP/2 state machine, HPACK's
+state and flow-control arithmetic (its hot HPACK paths and the field checks
+of RFC 9113 §8.2 are ours: :mod:`edge.h2_encoder`, :mod:`edge.h2_decoder`,
+:mod:`edge.h2_fields`); this module is the adapter between it, the client's
 transport and the exchanges (:mod:`edge.exchange`), which carry each request
-on its own tunnel stream (PROTOCOL.md §6.7). Requests are translated to
-HTTP/1.1 and go through the same reader, rules and rewriting as HTTP/1.1
-clients' (:mod:`edge.h2_translate`); responses come back as HTTP/2 fields and
-DATA.
+on its own tunnel stream (PROTOCOL.md §6.7). A request whose fields HTTP/2
+forbids is reset alone (RST_STREAM(PROTOCOL_ERROR), RFC 9113 §8.1.1). Requests
+are translated to HTTP/1.1 and go through the same reader, rules and
+rewriting as HTTP/1.1 clients' (:mod:`edge.h2_translate`); responses come
+back as HTTP/2 fields and DATA.
 
 The parts, each owning its share (as ``h2`` composes its ``H2Connection`` of
 ``H2Stream`` objects and a ``WindowManager``):
@@ -31,12 +34,11 @@ Flow control end to end:
   delivered before the exchange paused it) and the exchange stops reading
   its tunnel stream, so a background tab that stops reading stops the origin.
 
-What the known HTTP/2 attacks cost, bounded (counted per connection over
-:data:`FLOOD_WINDOW_S`; past a bound the connection gets GOAWAY
-ENHANCE_YOUR_CALM and closes):
+What the known HTTP/2 attacks cost, bounded:
 
-- rapid reset (CVE-2023-44487): streams the client resets;
-- SETTINGS, PING and PRIORITY floods, and empty DATA frames;
+- rapid reset (CVE-2023-44487), SETTINGS, PING and PRIORITY floods, and
+  empty DATA frames: counted per connection (:mod:`edge.h2_floods`); past a
+  bound the connection gets GOAWAY ENHANCE_YOUR_CALM and closes;
 - CONTINUATION floods (CVE-2024-27316) and HPACK bombs: ``h2`` keeps at most
   64 CONTINUATION frames and enforces our ``max_header_list_size``
   (``http.limits.max_header_bytes``);
@@ -62,6 +64,7 @@ from edge.exchange import Exchange, RequestRecord
 from edge.front_h2_session import H2Session
 from edge.front_h2_stream import RESPONSE_BUFFER, ClientStream
 from edge.h2_fields import MalformedFields, check_request, check_trailers
+from edge.h2_floods import FloodCounters
 from edge.h2_translate import translate_request
 from edge.http1 import (
     ClientContext,
@@ -81,17 +84,6 @@ __all__ = ["Http2Connection"]
 
 log = logging.getLogger("geoedge.edge")
 throttled = LogThrottle(log)
-
-#: Flood counters are per connection over this many seconds.
-FLOOD_WINDOW_S = 10.0
-#: Per window: streams the client resets, SETTINGS, PINGs, PRIORITY frames,
-#: empty DATA frames. Generous for browsers (a tab closing resets its
-#: streams), far below what the attacks need.
-MAX_CLIENT_RESETS = 400
-MAX_SETTINGS = 100
-MAX_PINGS = 100
-MAX_PRIORITY = 2000
-MAX_EMPTY_DATA = 1000
 
 _ENHANCE_YOUR_CALM = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
 
@@ -130,8 +122,7 @@ class Http2Connection(asyncio.Protocol):
         self._session = H2Session(services, self.ledger)
         self._last_stream_at = time.monotonic()
         self._streams_seen = 0
-        self._window_start = self._last_stream_at
-        self._counts = {"resets": 0, "settings": 0, "pings": 0, "priority": 0, "empty": 0}
+        self._floods = FloodCounters(self._last_stream_at)
 
     # -- asyncio.Protocol -------------------------------------------------------------
 
@@ -223,18 +214,18 @@ class Http2Connection(asyncio.Protocol):
         elif isinstance(event, h2.events.StreamEnded):
             self._on_stream_ended(event.stream_id)
         elif isinstance(event, h2.events.StreamReset):
-            self._count("resets", MAX_CLIENT_RESETS)
+            self._count("resets")
             stream = self._session.streams.get(event.stream_id)
             if stream is not None:
                 stream.forget("client_closed")
         elif isinstance(event, h2.events.WindowUpdated):
             self._on_window(event.stream_id)
         elif isinstance(event, h2.events.RemoteSettingsChanged):
-            self._count("settings", MAX_SETTINGS)
+            self._count("settings")
         elif isinstance(event, h2.events.PingReceived):
-            self._count("pings", MAX_PINGS)
+            self._count("pings")
         elif isinstance(event, h2.events.PriorityUpdated):
-            self._count("priority", MAX_PRIORITY)
+            self._count("priority")
         elif isinstance(event, h2.events.ConnectionTerminated):
             self._session.going_away = True  # the client's GOAWAY: finish what is open
             self._session.close_if_done()
@@ -327,13 +318,13 @@ class Http2Connection(asyncio.Protocol):
         self.services.count_error("h2_malformed")
         throttled.info("malformed HTTP/2 request from %s: %s", self.client_ip, exc.reason)
         self._session.conn.reset_stream(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
-        self._count("resets", MAX_CLIENT_RESETS)
+        self._count("resets")
 
     def _on_data(self, event: h2.events.DataReceived) -> None:
         stream = self._session.streams.get(event.stream_id)
         length = event.flow_controlled_length
         if not event.data and event.stream_ended is None:
-            self._count("empty", MAX_EMPTY_DATA)
+            self._count("empty")
         if stream is None or stream.exchange is None:
             self._session.conn.acknowledge_received_data(length, event.stream_id)
             return
@@ -373,19 +364,15 @@ class Http2Connection(asyncio.Protocol):
 
     # -- floods, deadlines, closing ----------------------------------------------------
 
-    def _count(self, what: str, limit: int) -> None:
-        counts = self._counts
-        counts[what] += 1
-        if counts[what] > limit:
+    def _count(self, what: str) -> None:
+        if self._floods.over(what):
             self.services.count_error(f"h2_flood_{what}")
             throttled.warning("HTTP/2 %s flood from %s: closing", what, self.client_ip)
             self._session.go_away(_ENHANCE_YOUR_CALM)
 
     def sweep(self, now: float) -> None:
         deadlines: Deadlines = self.services.deadlines
-        if now - self._window_start >= FLOOD_WINDOW_S:
-            self._window_start = now
-            self._counts = dict.fromkeys(self._counts, 0)
+        self._floods.roll(now)
         session = self._session
         if not session.streams:
             idle_since = self._last_stream_at
