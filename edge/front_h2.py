@@ -203,7 +203,7 @@ class Http2Connection(asyncio.Protocol):
             try:
                 check_trailers(event.headers)
             except MalformedFields as exc:
-                self._refuse_malformed(event.stream_id, exc)
+                self._refuse_malformed(event.stream_id, exc, head=False)
                 if stream is not None:
                     stream.forget("rejected", exc.reason)
                 return
@@ -243,7 +243,7 @@ class Http2Connection(asyncio.Protocol):
         try:
             check_request(fields)
         except MalformedFields as exc:
-            self._refuse_malformed(stream_id, exc)
+            self._refuse_malformed(stream_id, exc, head=True)
             return
         translated = translate_request(fields, ends_stream=event.stream_ended is not None)
         reader = RequestReader(services.http_limits, self._context, services.new_request_id)  # type: ignore[arg-type]
@@ -312,12 +312,20 @@ class Http2Connection(asyncio.Protocol):
         )  # fmt: skip
         stream.respond(event.status)
 
-    def _refuse_malformed(self, stream_id: int, exc: MalformedFields) -> None:
+    def _refuse_malformed(self, stream_id: int, exc: MalformedFields, *, head: bool) -> None:
         """A stream error (RFC 9113 §8.1.1): RST_STREAM(PROTOCOL_ERROR) ends
-        that request and no other; each counts as a reset the client caused."""
+        that request and no other; each counts as a reset the client caused.
+        A malformed head gets its access-log line here (a request refused in
+        its trailers has one already, from its exchange)."""
         self.services.count_error("h2_malformed")
         throttled.info("malformed HTTP/2 request from %s: %s", self.client_ip, exc.reason)
         self._session.conn.reset_stream(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+        if head:
+            record = RequestRecord(
+                method="", path="", host=None, request_id="", started=time.monotonic(),
+                protocol="h2", outcome="rejected", reason=exc.reason,
+            )  # fmt: skip
+            self._log(record, 0)
         self._count("resets")
 
     def _on_data(self, event: h2.events.DataReceived) -> None:

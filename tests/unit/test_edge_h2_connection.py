@@ -224,6 +224,10 @@ def test_a_malformed_request_resets_its_stream_and_no_other() -> None:
         (stream,) = services.streams  # only stream 5 went up the tunnel
         assert stream.metadata.target == "/a"
         assert services.errors == ["h2_malformed", "h2_malformed"]
+        assert [(r.outcome, r.reason) for r, _sent in services.logged] == [
+            ("rejected", "field name b'X-Upper'"),
+            ("rejected", "connection-specific field b'connection'"),
+        ]
         assert not transport.is_closing()
 
     run_async(run())
