@@ -319,7 +319,10 @@ class Http2Connection(asyncio.Protocol):
         its trailers has one already, from its exchange)."""
         self.services.count_error("h2_malformed")
         throttled.info("malformed HTTP/2 request from %s: %s", self.client_ip, exc.reason)
-        self._session.conn.reset_stream(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+        try:
+            self._session.conn.reset_stream(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+        except h2.exceptions.ProtocolError:
+            pass  # trailers that ended a stream whose response had ended too
         if head:
             record = RequestRecord(
                 method="", path="", host=None, request_id="", started=time.monotonic(),

@@ -253,3 +253,22 @@ def test_malformed_trailers_reset_the_stream_and_its_tunnel_stream() -> None:
         assert (record.outcome, record.reason) == ("rejected", "NUL, CR or LF in a field value")
 
     run_async(run())
+
+
+def test_malformed_trailers_after_the_whole_response_close_nothing_else() -> None:
+    async def run() -> None:
+        server, transport, services, client = await _connect()
+        client.send_headers(1, [(b":method", b"POST"), *REQUEST[1:]], end_stream=False)
+        client.send_data(1, b"hello")
+        server.data_received(client.data_to_send())
+        (stream,) = services.streams
+        stream.respond(SMALL)  # answered before the request's end
+        client.receive_data(await _flushed(transport))
+        _unchecked(client).send_headers(1, [(b"X-Sum", b"7")], end_stream=True)
+        client.send_headers(3, REQUEST, end_stream=True)
+        server.data_received(client.data_to_send())
+        assert len(services.streams) == 2  # the next request went up
+        assert services.errors == ["h2_malformed"]
+        assert not transport.is_closing()
+
+    run_async(run())
