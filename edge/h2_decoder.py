@@ -48,6 +48,8 @@ class RequestHeadDecoder(hpack.Decoder):
     """``hpack.Decoder`` whose :meth:`decode` is fast on what clients send."""
 
     def decode(self, data: bytes, raw: bool = True) -> list[tuple[bytes, bytes]]:  # type: ignore[override]
+        if type(data) is not bytes:  # h2 passes bytes; slices must be bytes too
+            data = bytes(data)
         table = self.header_table
         dynamic = table.dynamic_entries
         limit = self.max_header_list_size
