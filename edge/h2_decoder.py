@@ -60,10 +60,9 @@ class RequestHeadDecoder(hpack.Decoder):
         while at < end:
             first = data[at]
             if first & 0x80:  # indexed field (§6.1)
-                index = first & 0x7F
+                index = first & 0x7F  # inline: nearly every field of a repeat request
                 if index == 0x7F:
-                    index, used = decode_integer(memoryview(data)[at:], 7)
-                    at += used
+                    index, at = _integer(data, at, 0x7F)
                 else:
                     at += 1
                 if 0 < index <= _STATIC_LENGTH:
@@ -79,14 +78,7 @@ class RequestHeadDecoder(hpack.Decoder):
                 continue
             else:  # a literal (§6.2): with incremental indexing, without, never indexed
                 indexing = first & 0x40
-                prefix = 6 if indexing else 4
-                mask = 0x3F if indexing else 0x0F
-                index = first & mask
-                if index == mask:
-                    index, used = decode_integer(memoryview(data)[at:], prefix)
-                    at += used
-                else:
-                    at += 1
+                index, at = _integer(data, at, 0x3F if indexing else 0x0F)
                 if index:
                     name = table.get_by_index(index)[0]
                 else:
@@ -107,16 +99,21 @@ class RequestHeadDecoder(hpack.Decoder):
 
 def _string(data: bytes, at: int) -> tuple[bytes, int]:
     """The string literal (§5.2) at ``at`` and the offset after it."""
-    first = data[at]
-    length = first & 0x7F
-    if length == 0x7F:
-        length, used = decode_integer(memoryview(data)[at:], 7)
-        at += used
-    else:
-        at += 1
+    huffman = data[at] & 0x80
+    length, at = _integer(data, at, 0x7F)
     value = data[at : at + length]
     if len(value) != length:
         raise HPACKDecodingError("Truncated header block")
-    if first & 0x80:
+    if huffman:
         value = decode_huffman(value)
     return value, at + length
+
+
+def _integer(data: bytes, at: int, mask: int) -> tuple[int, int]:
+    """The integer (§5.1) whose prefix is the ``mask`` bits of ``data[at]``, and
+    the offset after it; one octet unless the prefix is all ones."""
+    value = data[at] & mask
+    if value != mask:
+        return value, at + 1
+    value, used = decode_integer(memoryview(data)[at:], mask.bit_length())
+    return value, at + used

@@ -32,18 +32,16 @@ import base64
 import os
 from dataclasses import dataclass
 
+from edge.h2_fields import CONNECTION_SPECIFIC
 from edge.http1.events import Headers
 
 __all__ = ["H2Request", "response_fields", "response_trailers", "translate_request"]
 
-_RESPONSE_DROPPED = frozenset(
-    {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade", b"te"}
-)
+_RESPONSE_DROPPED = CONNECTION_SPECIFIC | {b"te"}
 _WEBSOCKET_DROPPED = _RESPONSE_DROPPED | {b"sec-websocket-accept"}
-_REQUEST_DROPPED = frozenset(
-    {b"host", b"cookie", b"te", b"connection", b"keep-alive", b"proxy-connection",
-     b"transfer-encoding", b"upgrade", b"sec-websocket-key", b"sec-websocket-version"}
-)  # fmt: skip
+_REQUEST_DROPPED = _RESPONSE_DROPPED | {
+    b"host", b"cookie", b"sec-websocket-key", b"sec-websocket-version"
+}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
