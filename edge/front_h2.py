@@ -241,7 +241,7 @@ class Http2Connection(asyncio.Protocol):
             return
         fields = event.headers
         try:
-            check_request(fields)
+            declared_length = check_request(fields)
         except MalformedFields as exc:
             self._refuse_malformed(stream_id, exc, head=True)
             return
@@ -254,6 +254,7 @@ class Http2Connection(asyncio.Protocol):
             chunked=translated.chunked,
             websocket=translated.websocket,
             now=self._last_stream_at,
+            body_left=declared_length,
         )
         session.streams[stream_id] = stream
         self._dispatch(stream, reader.feed(translated.head))
@@ -340,15 +341,20 @@ class Http2Connection(asyncio.Protocol):
             self._session.conn.acknowledge_received_data(length, event.stream_id)
             return
         stream.client_active_at = time.monotonic()
+        stream.unacked += length
+        data = event.data
+        if stream.body_left is not None:
+            if len(data) > stream.body_left:  # not one octet of it goes up
+                self._refuse_body(stream, "body longer than its content-length")
+                return
+            stream.body_left -= len(data)
         exchange = stream.exchange
         if exchange.upgraded:
-            exchange.send_tunnel(event.data)
-        elif event.data:
-            data = event.data
+            exchange.send_tunnel(data)
+        elif data:
             if stream.chunked:
                 data = b"%x\r\n" % len(data) + data + b"\r\n"
             self._dispatch(stream, stream.reader.feed(data))
-        stream.unacked += length
         if not stream.request_paused:
             stream.credit()
 
@@ -356,12 +362,19 @@ class Http2Connection(asyncio.Protocol):
         stream = self._session.streams.get(stream_id)
         if stream is None or stream.exchange is None:
             return
-        if stream.exchange.upgraded:
+        if stream.body_left:
+            self._refuse_body(stream, "body shorter than its content-length")
+        elif stream.exchange.upgraded:
             stream.exchange.client_half_closed()
         elif stream.chunked:
             self._dispatch(stream, stream.reader.feed(b"0\r\n" + stream.request_trailers + b"\r\n"))
-        elif not stream.exchange.request_whole:  # shorter than its content-length
-            self._dispatch(stream, stream.reader.feed_eof())
+
+    def _refuse_body(self, stream: ClientStream, reason: str) -> None:
+        """A body that disagrees with its ``content-length`` is malformed
+        (RFC 9113 §8.1.1): the stream is reset and its tunnel stream cancelled,
+        so the backend never takes a request framed otherwise than it was sent."""
+        self._refuse_malformed(stream.stream_id, MalformedFields(reason), head=False)
+        stream.forget("rejected", reason)
 
     def _on_window(self, stream_id: int) -> None:
         streams = self._session.streams

@@ -17,6 +17,7 @@ import h2.connection
 import h2.errors
 import h2.exceptions
 import h2.settings
+import h2.stream
 import hyperframe.frame
 
 from edge.exchange import RequestRecord
@@ -31,6 +32,39 @@ __all__ = ["CONNECTION_WINDOW", "STREAM_WINDOW", "H2Session"]
 #: The window a request body may use on a stream, and on the connection.
 STREAM_WINDOW = 1024 * 1024
 CONNECTION_WINDOW = 4 * 1024 * 1024
+
+
+class _RequestStream(h2.stream.H2Stream):
+    """An ``h2`` stream that leaves the request's ``content-length`` to the edge.
+
+    ``h2`` parses it when the HEADERS arrive and counts every DATA frame
+    against it, raising ``ProtocolError`` out of ``receive_data``: a
+    connection error that ends every stream of the connection and drops the
+    frames read after the faulty one, where RFC 9113 §8.1.1 makes a malformed
+    request a stream error. :func:`edge.h2_fields.check_request` checks the
+    value (the same rule as ``h2``'s) and :class:`edge.front_h2.Http2Connection`
+    counts the body against it, resetting only that stream.
+    ``tests/unit/test_edge_h2_connection.py`` checks that both methods are
+    still ``h2``'s."""
+
+    __slots__ = ()
+
+    def _initialize_content_length(self, headers: object) -> None:
+        pass
+
+    def _track_content_length(self, length: int, end_stream: bool) -> None:
+        pass
+
+
+class _Connection(h2.connection.H2Connection):
+    """``h2``'s connection, its streams :class:`_RequestStream`."""
+
+    def _begin_new_stream(
+        self, stream_id: int, allowed_ids: h2.connection.AllowedStreamIDs
+    ) -> h2.stream.H2Stream:
+        stream = super()._begin_new_stream(stream_id, allowed_ids)
+        stream.__class__ = _RequestStream
+        return stream
 
 
 def _release_h2(conn: h2.connection.H2Connection) -> None:
@@ -96,7 +130,7 @@ class H2Session:
             validate_outbound_headers=False,
             normalize_outbound_headers=False,
         )
-        conn = h2.connection.H2Connection(config=config)
+        conn: h2.connection.H2Connection = _Connection(config=config)
         conn.encoder = StaticTableEncoder()
         conn.decoder = RequestHeadDecoder()
         codes = h2.settings.SettingCodes

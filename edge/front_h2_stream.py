@@ -71,8 +71,13 @@ class ClientStream:
       sent or is reset once ``closed`` (reset, ended, or found closed by h2);
     - ``end_pending``: the response is complete and END_STREAM goes out with
       the last of ``out``;
-    - ``unacked`` request octets are credited back only while not
-      ``request_paused`` and not ``closed``;
+    - ``unacked`` request octets are credited back while not
+      ``request_paused``, and all at once when the stream closes: h2 then
+      gives them to the connection's window alone, which the other streams
+      would otherwise lose for good;
+    - ``body_left``: what the request's ``content-length`` still allows
+      (None without one); the connection resets the stream when DATA
+      overruns it or the stream ends short of it;
     - ``blocked_since`` is set while a response waits for the client's window
       (0 otherwise), for the connection's send-timeout sweep;
     - :meth:`settle` logs the request once, when the stream is done both here
@@ -82,6 +87,7 @@ class ClientStream:
 
     __slots__ = (
         "blocked_since",
+        "body_left",
         "chunked",
         "client_active_at",
         "closed",
@@ -110,11 +116,13 @@ class ClientStream:
         chunked: bool,
         websocket: bool,
         now: float,
+        body_left: int | None = None,
     ) -> None:
         self.session = session
         self.stream_id = stream_id
         self.reader = reader
         self.chunked = chunked  # the request's DATA is sent up chunk-framed
+        self.body_left = body_left
         self.request_trailers = b""  # the request's trailer fields, as HTTP/1.1 field lines
         self.response_trailers: list[tuple[bytes, bytes]] = []  # sent after the body
         self.websocket = websocket  # an RFC 8441 extended CONNECT
@@ -216,13 +224,14 @@ class ClientStream:
     # -- the request ------------------------------------------------------------------
 
     def credit(self) -> None:
-        """Give the client back the window its request DATA used."""
-        if self.unacked and not self.closed:
+        """Give the client back the window its request DATA used (once the
+        stream is closed, the connection's alone)."""
+        if self.unacked:
+            unacked, self.unacked = self.unacked, 0
             try:
-                self.session.conn.acknowledge_received_data(self.unacked, self.stream_id)
+                self.session.conn.acknowledge_received_data(unacked, self.stream_id)
             except h2.exceptions.StreamClosedError:
                 pass
-            self.unacked = 0
 
     # -- the response -----------------------------------------------------------------
 
@@ -328,6 +337,7 @@ class ClientStream:
                 session.conn.reset_stream(self.stream_id, code)
             except _SEND_FAILED:
                 pass
+            self.credit()
             session.flush()
 
     def forget(self, outcome: str, reason: str = "") -> None:
@@ -336,6 +346,7 @@ class ClientStream:
         self.closed = True
         self.out.clear()
         self.out_bytes = 0
+        self.credit()
         if self.exchange is not None:
             self.exchange.cancel(outcome, reason)
         else:

@@ -20,7 +20,11 @@ that request and no other. The checks, on the fields as HPACK decoded them:
   an extended CONNECT and every other method both; ``:path`` is not empty
   (§8.3.1, §8.5);
 - ``:authority`` or ``host`` is there, ``host`` at most once, and the two
-  agree when both are (§8.3.1).
+  agree when both are (§8.3.1);
+- every ``content-length`` is one or more digits, and all are the same
+  number (RFC 9110 §8.6; ``h2``'s rule). :func:`check_request` returns it:
+  the body must be exactly that long (RFC 9113 §8.1.1), which the
+  connection counts as the DATA arrives.
 
 What is left to the HTTP/1.1 rules the translated request then goes through
 (:mod:`edge.h2_translate`): field names that are not tokens, control octets
@@ -65,9 +69,10 @@ class MalformedFields(ValueError):
         self.reason = reason
 
 
-def check_request(fields: Sequence[tuple[bytes, bytes]]) -> None:
+def check_request(fields: Sequence[tuple[bytes, bytes]]) -> int | None:
     """Raise :class:`MalformedFields` unless ``fields`` are a well-formed
-    request field block (see the module docstring)."""
+    request field block (see the module docstring); return the body length
+    its ``content-length`` declares, None without one."""
     pseudo: dict[bytes, bytes] = {}
     for name, value in fields:
         if name[:1] != b":":
@@ -108,6 +113,25 @@ def check_request(fields: Sequence[tuple[bytes, bytes]]) -> None:
             raise MalformedFields("neither :authority nor host")
     elif host is not None and host != authority:
         raise MalformedFields(":authority and host differ")
+    if b"content-length" in names:
+        return _declared_length(regular)
+    return None
+
+
+def _declared_length(fields: Sequence[tuple[bytes, bytes]]) -> int | None:
+    declared = None
+    for name, value in fields:
+        if name == b"content-length":
+            try:
+                if not value.isdigit():  # ASCII digits only, for bytes
+                    raise ValueError
+                length = int(value)  # ValueError past 4,300 digits
+            except ValueError:
+                raise MalformedFields(f"content-length {value[:20]!r}") from None
+            if declared is not None and length != declared:
+                raise MalformedFields("content-length values differ")
+            declared = length
+    return declared
 
 
 def check_trailers(fields: Sequence[tuple[bytes, bytes]]) -> None:

@@ -71,8 +71,11 @@ def translate_request(
         elif name == b"cookie":
             cookies.append(value)
         elif name not in _REQUEST_DROPPED:
+            if name == b"content-length":
+                if has_length:
+                    continue  # the same number again (edge.h2_fields): one line says it
+                has_length = True
             fields.append((name, value))
-            has_length = has_length or name == b"content-length"
         elif name == b"host":
             host = value
     method = pseudo.get(b":method", b"")

@@ -86,6 +86,22 @@ def test_a_large_response_and_uploads_arrive_whole(stack: Stack) -> None:
     c.close()
 
 
+def test_a_body_that_breaks_its_content_length_ends_only_its_stream(stack: Stack) -> None:
+    """RFC 9113 §8.1.1: a stream error, and Node never reads past the length."""
+    c = client(stack)
+    longer = c.request("/upload", "POST", [("content-length", "5")], body=b"hello, world")
+    shorter = c.request("/upload", "POST", [("content-length", "50")], body=b"hello")
+    exact = c.request("/upload", "POST", [("content-length", "5")], body=b"hello")
+    responses = c.wait([longer, shorter, exact], timeout=scaled(10))
+    assert [r.reset for r in responses[:2]] == [h2.errors.ErrorCodes.PROTOCOL_ERROR] * 2
+    assert responses[2].status == 200
+    assert json.loads(responses[2].data) == {
+        "bytes": 5, "sha256": hashlib.sha256(b"hello").hexdigest()
+    }  # fmt: skip
+    assert c.goaway is None and not c.closed
+    c.close()
+
+
 def test_request_trailers_reach_node_after_a_chunked_body(stack: Stack) -> None:
     c = client(stack)
     stream_id = c.request("/upload", "POST", body=b"hello", end=False)

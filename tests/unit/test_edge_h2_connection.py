@@ -9,6 +9,7 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.settings
+import h2.stream
 import hyperframe.frame
 
 from edge.front_h2 import Http2Connection
@@ -277,3 +278,129 @@ def test_malformed_trailers_after_the_whole_response_close_nothing_else() -> Non
         assert not transport.is_closing()
 
     run_async(run())
+
+
+def _post_with_length(length: bytes) -> list[tuple[bytes, bytes]]:
+    return [(b":method", b"POST"), *REQUEST[1:], (b"content-length", length)]
+
+
+def test_a_body_longer_than_its_content_length_resets_its_stream_and_no_other() -> None:
+    async def run() -> None:
+        server, transport, services, client = await _connect()
+        client.send_headers(1, _post_with_length(b"3"), end_stream=False)
+        client.send_data(1, b"hello")  # two octets too many: they must never reach Node
+        client.send_headers(3, REQUEST, end_stream=True)
+        server.data_received(client.data_to_send())
+        assert await _resets(transport) == [(1, 1)]  # PROTOCOL_ERROR (RFC 9113 §8.1.1)
+        first, second = services.streams
+        assert first.ended_with is not None and b"hel" not in first.sent
+        assert second.metadata.target == "/a"
+        assert services.errors == ["h2_malformed"]
+        ((record, _sent),) = services.logged
+        assert record.outcome == "rejected"
+        assert record.reason == "body longer than its content-length"
+        assert not transport.is_closing()
+
+    run_async(run())
+
+
+def test_a_body_shorter_than_its_content_length_resets_its_stream_and_no_other() -> None:
+    async def run() -> None:
+        server, transport, services, client = await _connect()
+        client.send_headers(1, _post_with_length(b"9"), end_stream=False)
+        client.send_data(1, b"hello", end_stream=True)
+        client.send_headers(3, _post_with_length(b"2"), end_stream=True)  # no DATA at all
+        client.send_headers(5, _post_with_length(b"0"), end_stream=True)
+        server.data_received(client.data_to_send())
+        assert await _resets(transport) == [(1, 1), (3, 1)]
+        first, second, third = services.streams
+        assert first.ended_with is not None and second.ended_with is not None
+        assert third.ended_with is None
+        assert [r.reason for r, _sent in services.logged] == [
+            "body shorter than its content-length"
+        ] * 2
+        assert not transport.is_closing()
+
+    run_async(run())
+
+
+def test_a_content_length_that_is_not_one_number_is_a_malformed_request() -> None:
+    async def run() -> None:
+        server, transport, services, client = await _connect()
+        client.send_headers(1, _post_with_length(b"-1"), end_stream=False)
+        client.send_headers(3, [*_post_with_length(b"2"), (b"content-length", b"3")])
+        client.send_headers(5, [*_post_with_length(b"2"), (b"content-length", b"02")])
+        server.data_received(client.data_to_send())
+        assert await _resets(transport) == [(1, 1), (3, 1)]
+        assert [r.reason for r, _sent in services.logged] == [
+            "content-length b'-1'",
+            "content-length values differ",
+        ]
+        (stream,) = services.streams  # the same number twice is one length
+        assert stream.sent.lower().count(b"content-length") == 1
+        assert b"Content-Length: 2\r\n" in stream.sent
+        assert not transport.is_closing()
+
+    run_async(run())
+
+
+def _send_paused_upload(
+    server: Http2Connection,
+    client: h2.connection.H2Connection,
+    services: FakeServices,
+    stream_id: int,
+    size: int,
+    declared: bytes | None = None,
+) -> None:
+    """A POST (with a ``declared`` content-length) whose tunnel stream stops
+    taking the body, then ``size`` octets of it."""
+    head = _post_with_length(declared) if declared else [(b":method", b"POST"), *REQUEST[1:]]
+    client.send_headers(stream_id, head, end_stream=False)
+    server.data_received(client.data_to_send())
+    services.streams[-1].protocol.pause_writing()  # the tunnel stream's credit ran out
+    for start in range(0, size, 16384):
+        client.send_data(stream_id, b"x" * min(16384, size - start))
+    server.data_received(client.data_to_send())
+
+
+def test_a_reset_streams_unacknowledged_body_goes_back_to_the_connections_window() -> None:
+    async def run() -> None:
+        server, transport, services, client = await _connect()
+        client.receive_data(await _flushed(transport))
+        window = client.outbound_flow_control_window
+        for stream_id in (1, 3, 5):  # 2.7 MB held by paused uploads, then given up
+            _send_paused_upload(server, client, services, stream_id, 900_000)
+            client.reset_stream(stream_id)
+            server.data_received(client.data_to_send())
+        client.receive_data(await _flushed(transport))
+        assert client.outbound_flow_control_window == window
+        assert all(s.ended_with is not None for s in services.streams)
+
+    run_async(run())
+
+
+def test_a_refused_bodys_octets_go_back_to_the_connections_window() -> None:
+    async def run() -> None:
+        server, transport, services, client = await _connect()
+        client.receive_data(await _flushed(transport))
+        window = client.outbound_flow_control_window
+        for stream_id in (1, 3, 5):  # 2.7 MB held by paused uploads, then overrun
+            _send_paused_upload(server, client, services, stream_id, 900_000, b"900000")
+            client.send_data(stream_id, b"x", end_stream=True)
+            server.data_received(client.data_to_send())
+        out = await _flushed(transport)
+        frames = _frames(out)
+        assert [f.stream_id for f in frames if isinstance(f, hyperframe.frame.RstStreamFrame)] == [
+            1, 3, 5
+        ]  # fmt: skip
+        client.receive_data(out)
+        assert client.outbound_flow_control_window == window
+        assert services.errors == ["h2_malformed"] * 3
+
+    run_async(run())
+
+
+def test_the_content_length_bookkeeping_the_edge_turns_off_is_still_h2s() -> None:
+    """edge.front_h2_session overrides these two; renamed in a later h2, the
+    override would silently do nothing and a bad length be a connection error again."""
+    assert {"_initialize_content_length", "_track_content_length"} <= set(vars(h2.stream.H2Stream))

@@ -23,7 +23,18 @@ WS = [(b":method", b"CONNECT"), (b":protocol", b"websocket"), (b":scheme", b"htt
     ],
 )
 def test_well_formed_requests_pass(fields: list[tuple[bytes, bytes]]) -> None:
-    check_request(fields)
+    assert check_request(fields) is None  # no content-length: no length to hold the body to
+
+
+@pytest.mark.parametrize(
+    ("lengths", "declared"),
+    [([b"0"], 0), ([b"17"], 17), ([b"17", b"017"], 17), ([b"9" * 30], int(b"9" * 30))],
+)
+def test_the_body_length_a_request_declares_is_returned(
+    lengths: list[bytes], declared: int
+) -> None:
+    fields = [*GET, *((b"content-length", length) for length in lengths), (b"x", b"1")]
+    assert check_request(fields) == declared
 
 
 @pytest.mark.parametrize(
@@ -53,6 +64,14 @@ def test_well_formed_requests_pass(fields: list[tuple[bytes, bytes]]) -> None:
         (GET[:2] + GET[3:], "neither :authority nor host"),
         ([*GET, (b"host", b"other.test")], ":authority and host differ"),
         ([*GET, (b"host", b"app.test"), (b"host", b"app.test")], "host repeated"),
+        ([*GET, (b"content-length", b"-1")], "content-length b'-1'"),
+        ([*GET, (b"content-length", b"")], "content-length b''"),
+        ([*GET, (b"content-length", b"3, 3")], "content-length b'3, 3'"),
+        ([*GET, (b"content-length", "\N{FULLWIDTH DIGIT THREE}".encode())],
+         "content-length b'\\xef\\xbc\\x93'"),
+        ([*GET, (b"content-length", b"9" * 5000)], "content-length b'99999999999999999999'"),
+        ([*GET, (b"content-length", b"2"), (b"content-length", b"3")],
+         "content-length values differ"),
     ],
 )  # fmt: skip
 def test_each_rule_refuses_what_breaks_it(fields: list[tuple[bytes, bytes]], reason: str) -> None:
