@@ -1,5 +1,6 @@
 """What the streams of one HTTP/2 client connection share: the ``h2`` state
-machine, the table of open streams, the connection's output and its end.
+machine, the table of open streams, the flood counts, the connection's
+output and its end.
 
 The connection (:class:`edge.front_h2.Http2Connection`) reads the client and
 starts streams; each stream (:class:`edge.front_h2_stream.ClientStream`)
@@ -11,6 +12,8 @@ as it can and counts every octet for the access log (:mod:`edge.ledger`).
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 
 import h2.config
 import h2.connection
@@ -24,10 +27,14 @@ from edge.exchange import RequestRecord
 from edge.front_h2_stream import ClientStream
 from edge.h2_decoder import RequestHeadDecoder
 from edge.h2_encoder import StaticTableEncoder
+from edge.h2_floods import FloodCounters
 from edge.ledger import OutputLedger
 from edge.services import EdgeServices
+from geoedge.logs import LogThrottle
 
 __all__ = ["CONNECTION_WINDOW", "STREAM_WINDOW", "H2Session"]
+
+throttled = LogThrottle(logging.getLogger("geoedge.edge"))
 
 #: The window a request body may use on a stream, and on the connection.
 STREAM_WINDOW = 1024 * 1024
@@ -93,6 +100,8 @@ class H2Session:
     - ``streams`` holds the streams not yet settled; once ``going_away`` (the
       client's GOAWAY, ours, or the edge draining), no stream is added and the
       connection closes when the last one settles;
+    - ``floods`` counts what the client sent of each kind :mod:`edge.h2_floods`
+      bounds; past a bound the connection goes away (:meth:`count`);
     - once ``closing``, no exchange is left running and nothing more is
       written; :meth:`release` (the connection is lost) leaves nothing that
       refers back to the session.
@@ -100,8 +109,10 @@ class H2Session:
 
     __slots__ = (
         "batching",
+        "client_ip",
         "closing",
         "conn",
+        "floods",
         "flush_soon",
         "going_away",
         "hsts",
@@ -153,6 +164,8 @@ class H2Session:
         self.write_paused = False  # the transport's buffer is above its high-water mark
         self.going_away = False
         self.closing = False
+        self.client_ip = ""  # for the log, once the connection is made
+        self.floods = FloodCounters(time.monotonic())
 
     def start(self, transport: asyncio.Transport) -> None:
         """Write to ``transport`` from now on, starting with our SETTINGS and window."""
@@ -213,6 +226,14 @@ class H2Session:
             frame.error_code = h2.errors.ErrorCodes.NO_ERROR
             self.write_now(frame.serialize())
         self.close_if_done()
+
+    def count(self, what: str) -> None:
+        """One more frame of a kind :mod:`edge.h2_floods` bounds; past its
+        bound, GOAWAY(ENHANCE_YOUR_CALM) and close."""
+        if self.floods.over(what):
+            self.services.count_error(f"h2_flood_{what}")
+            throttled.warning("HTTP/2 %s flood from %s: closing", what, self.client_ip)
+            self.go_away(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
 
     def go_away(self, code: int) -> None:
         """A connection error: GOAWAY with ``code``, then close at once."""
