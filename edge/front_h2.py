@@ -59,6 +59,7 @@ import time
 import h2.errors
 import h2.events
 import h2.exceptions
+import h2.settings
 
 from edge.deadlines import Deadlines
 from edge.exchange import RequestRecord
@@ -76,6 +77,8 @@ __all__ = ["Http2Connection"]
 
 log = logging.getLogger("geoedge.edge")
 throttled = LogThrottle(log)
+
+_INITIAL_WINDOW_SIZE = h2.settings.SettingCodes.INITIAL_WINDOW_SIZE
 
 
 class Http2Connection(asyncio.Protocol):
@@ -200,6 +203,8 @@ class Http2Connection(asyncio.Protocol):
             self._on_window(event.stream_id)
         elif isinstance(event, h2.events.RemoteSettingsChanged):
             session.count("settings")
+            if _INITIAL_WINDOW_SIZE in event.changed_settings:
+                self._on_window(0)  # every stream's window moved (RFC 9113 §6.9.2)
         elif isinstance(event, h2.events.PingReceived):
             session.count("pings")
         elif isinstance(event, h2.events.PriorityUpdated):

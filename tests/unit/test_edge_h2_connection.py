@@ -404,3 +404,22 @@ def test_the_content_length_bookkeeping_the_edge_turns_off_is_still_h2s() -> Non
     """edge.front_h2_session overrides these two; renamed in a later h2, the
     override would silently do nothing and a bad length be a connection error again."""
     assert {"_initialize_content_length", "_track_content_length"} <= set(vars(h2.stream.H2Stream))
+
+
+def test_a_body_held_by_the_clients_window_goes_on_when_settings_open_it() -> None:
+    """RFC 9113 §6.9.2: a new SETTINGS_INITIAL_WINDOW_SIZE changes every
+    open stream's window; h2 reports it as a settings change, not a WINDOW_UPDATE."""
+
+    async def run() -> None:
+        server, transport, stream, client = await _one_get(3)
+        stream.respond(SMALL)
+        frames = [f for f in _frames(await _flushed(transport)) if f.stream_id == 1]
+        assert b"".join(f.data for f in frames[1:]) == b"hel"
+        client.receive_data(b"".join(f.serialize() for f in frames))
+        client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 65535})
+        server.data_received(client.data_to_send())
+        rest = [f for f in _frames(await _flushed(transport)) if f.stream_id == 1]
+        assert b"".join(f.data for f in rest) == b"lo"
+        assert "END_STREAM" in rest[-1].flags
+
+    run_async(run())
