@@ -49,7 +49,7 @@ class _RequestStream(h2.stream.H2Stream):
     connection error that ends every stream of the connection and drops the
     frames read after the faulty one, where RFC 9113 §8.1.1 makes a malformed
     request a stream error. :func:`edge.h2_fields.check_request` checks the
-    value (the same rule as ``h2``'s) and :class:`edge.front_h2.Http2Connection`
+    value (the same rule as ``h2``'s) and :class:`edge.front_h2_requests.Http2Requests`
     counts the body against it, resetting only that stream.
     ``tests/unit/test_edge_h2_connection.py`` checks that both methods are
     still ``h2``'s."""

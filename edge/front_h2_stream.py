@@ -76,8 +76,8 @@ class ClientStream:
       gives them to the connection's window alone, which the other streams
       would otherwise lose for good;
     - ``body_left``: what the request's ``content-length`` still allows
-      (None without one); the connection resets the stream when DATA
-      overruns it or the stream ends short of it;
+      (None without one); the request side (:mod:`edge.front_h2_requests`)
+      resets the stream when DATA overruns it or the stream ends short of it;
     - ``blocked_since`` is set while a response waits for the client's window
       (0 otherwise), for the connection's send-timeout sweep;
     - :meth:`settle` logs the request once, when the stream is done both here
