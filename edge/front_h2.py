@@ -241,10 +241,8 @@ class Http2Connection(asyncio.Protocol):
             exchange = stream.exchange
             if stream.blocked_since and now - stream.blocked_since > send_timeout:
                 self.services.count_error("h2_window_stall")
-                if exchange is not None:
-                    exchange.cancel("client_stalled", "no window for the response")
                 stream.reset(h2.errors.ErrorCodes.CANCEL)
-                stream.settle()
+                stream.forget("client_stalled", "no window for the response")
                 continue
             if exchange is None or exchange.finished:
                 continue

@@ -342,15 +342,20 @@ class ClientStream:
 
     def forget(self, outcome: str, reason: str = "") -> None:
         """The stream is reset (by the client, or by us for ``reason``): nothing
-        more goes out on it."""
+        more goes out on it. A response its exchange had finished but that was
+        not all sent here (``end_pending``) is logged with ``outcome``, as the
+        exchange logs one it cuts."""
         self.closed = True
         self.out.clear()
         self.out_bytes = 0
         self.credit()
         if self.exchange is not None:
             self.exchange.cancel(outcome, reason)
-        else:
-            self.settle()
+            return
+        record = self.record
+        if self.end_pending and record is not None and record.outcome == "ok":
+            record.outcome, record.reason = outcome, reason
+        self.settle()
 
     def settle(self) -> None:
         """Log the stream's request once it is done both here and at its exchange."""

@@ -4,6 +4,7 @@ reads, for responses delivered the way the tunnel delivers them."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import h2.config
 import h2.connection
@@ -421,5 +422,43 @@ def test_a_body_held_by_the_clients_window_goes_on_when_settings_open_it() -> No
         rest = [f for f in _frames(await _flushed(transport)) if f.stream_id == 1]
         assert b"".join(f.data for f in rest) == b"lo"
         assert "END_STREAM" in rest[-1].flags
+
+    run_async(run())
+
+
+async def _response_held_by_window() -> tuple[
+    Http2Connection, FakeClientTransport, FakeServices, h2.connection.H2Connection
+]:
+    """Stream 1's response is whole at its exchange, 3 of its 5 body octets
+    sent, the rest held by the client's window (3 octets)."""
+    server, transport, services, client = await _connect(3)
+    client.send_headers(1, REQUEST, end_stream=True)
+    server.data_received(client.data_to_send())
+    (stream,) = services.streams
+    stream.respond(SMALL)
+    client.receive_data(await _flushed(transport))
+    assert not services.logged  # not all out yet
+    return server, transport, services, client
+
+
+def test_a_response_the_client_resets_before_its_end_is_logged_as_cut() -> None:
+    async def run() -> None:
+        server, _transport, services, client = await _response_held_by_window()
+        client.reset_stream(1)
+        server.data_received(client.data_to_send())
+        ((record, _sent),) = services.logged
+        assert record.outcome == "client_closed"
+
+    run_async(run())
+
+
+def test_a_response_the_clients_window_holds_too_long_is_logged_as_stalled() -> None:
+    async def run() -> None:
+        server, transport, services, _client = await _response_held_by_window()
+        server.sweep(time.monotonic() + services.http.send_timeout_s + 1)
+        assert await _resets(transport) == [(1, 8)]  # CANCEL
+        ((record, _sent),) = services.logged
+        assert (record.outcome, record.reason) == ("client_stalled", "no window for the response")
+        assert services.errors == ["h2_window_stall"]
 
     run_async(run())
