@@ -64,7 +64,7 @@ import h2.settings
 from edge.deadlines import Deadlines
 from edge.exchange import RequestRecord
 from edge.front_h2_requests import Http2Requests
-from edge.front_h2_session import H2Session
+from edge.front_h2_session import H2Session, StreamRefused
 from edge.front_h2_stream import RESPONSE_BUFFER
 from edge.http1 import ClientContext
 from edge.ledger import OutputLedger
@@ -199,6 +199,9 @@ class Http2Connection(asyncio.Protocol):
             stream = session.streams.get(event.stream_id)
             if stream is not None:
                 stream.forget("client_closed")
+        elif isinstance(event, StreamRefused):
+            self.services.count_error("h2_refused_stream")
+            session.count("resets")
         elif isinstance(event, h2.events.WindowUpdated):
             self._on_window(event.stream_id)
         elif isinstance(event, h2.events.RemoteSettingsChanged):

@@ -18,6 +18,7 @@ import time
 import h2.config
 import h2.connection
 import h2.errors
+import h2.events
 import h2.exceptions
 import h2.settings
 import h2.stream
@@ -32,7 +33,7 @@ from edge.ledger import OutputLedger
 from edge.services import EdgeServices
 from geoedge.logs import LogThrottle
 
-__all__ = ["CONNECTION_WINDOW", "STREAM_WINDOW", "H2Session"]
+__all__ = ["CONNECTION_WINDOW", "STREAM_WINDOW", "H2Session", "StreamRefused"]
 
 throttled = LogThrottle(logging.getLogger("geoedge.edge"))
 
@@ -63,8 +64,35 @@ class _RequestStream(h2.stream.H2Stream):
         pass
 
 
+class StreamRefused(h2.events.Event):
+    """The client opened a stream past our ``max_concurrent_streams``; it was
+    reset with REFUSED_STREAM and nothing of it reaches the front end."""
+
+    def __init__(self, stream_id: int) -> None:
+        self.stream_id = stream_id
+
+
 class _Connection(h2.connection.H2Connection):
-    """``h2``'s connection, its streams :class:`_RequestStream`."""
+    """``h2``'s connection, its streams :class:`_RequestStream`, and a stream
+    opened past the concurrency limit refused alone.
+
+    ``h2`` raises ``TooManyStreamsError`` out of ``receive_data`` for such a
+    HEADERS frame: GOAWAY and the end of every stream of the connection,
+    where RFC 9113 §5.1.2 makes it a stream error (PROTOCOL_ERROR or
+    REFUSED_STREAM). A client may do it innocently: until our SETTINGS reach
+    it, the limit it knows is none. So the stream is received as any other,
+    with the limit lifted for that one frame (its header block must still
+    update the HPACK table, §4.3, and h2 must know the stream to ignore what
+    follows on it), then reset with REFUSED_STREAM, which tells the client
+    it may send the request again (§8.7); the front end gets a
+    :class:`StreamRefused` instead of its events.
+    ``tests/unit/test_edge_h2_connection.py`` checks the ``h2`` names this relies on."""
+
+    _lifting_limit = False
+
+    @property
+    def open_inbound_streams(self) -> int:
+        return 0 if self._lifting_limit else super().open_inbound_streams
 
     def _begin_new_stream(
         self, stream_id: int, allowed_ids: h2.connection.AllowedStreamIDs
@@ -72,6 +100,21 @@ class _Connection(h2.connection.H2Connection):
         stream = super()._begin_new_stream(stream_id, allowed_ids)
         stream.__class__ = _RequestStream
         return stream
+
+    def _receive_headers_frame(
+        self, frame: hyperframe.frame.HeadersFrame
+    ) -> tuple[list[hyperframe.frame.Frame], list[h2.events.Event]]:
+        try:
+            return super()._receive_headers_frame(frame)
+        except h2.exceptions.TooManyStreamsError:
+            pass
+        self._lifting_limit = True
+        try:
+            frames, _events = super()._receive_headers_frame(frame)
+        finally:
+            self._lifting_limit = False
+        self.reset_stream(frame.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+        return frames, [StreamRefused(frame.stream_id)]
 
 
 def _release_h2(conn: h2.connection.H2Connection) -> None:

@@ -401,10 +401,13 @@ def test_a_refused_bodys_octets_go_back_to_the_connections_window() -> None:
     run_async(run())
 
 
-def test_the_content_length_bookkeeping_the_edge_turns_off_is_still_h2s() -> None:
-    """edge.front_h2_session overrides these two; renamed in a later h2, the
-    override would silently do nothing and a bad length be a connection error again."""
+def test_the_parts_of_h2_the_edge_overrides_are_still_h2s() -> None:
+    """edge.front_h2_session overrides these; renamed in a later h2, an override
+    would silently do nothing and a bad length, or one stream too many, be a
+    connection error again."""
     assert {"_initialize_content_length", "_track_content_length"} <= set(vars(h2.stream.H2Stream))
+    connection = set(vars(h2.connection.H2Connection))
+    assert {"_begin_new_stream", "_receive_headers_frame", "open_inbound_streams"} <= connection
 
 
 def test_a_body_held_by_the_clients_window_goes_on_when_settings_open_it() -> None:
@@ -460,5 +463,41 @@ def test_a_response_the_clients_window_holds_too_long_is_logged_as_stalled() -> 
         ((record, _sent),) = services.logged
         assert (record.outcome, record.reason) == ("client_stalled", "no window for the response")
         assert services.errors == ["h2_window_stall"]
+
+    run_async(run())
+
+
+def _raw_headers(
+    client: h2.connection.H2Connection, stream_id: int, fields: list[tuple[bytes, bytes]]
+) -> bytes:
+    """A HEADERS frame the client's h2 would not send (past the server's limit)."""
+    frame = hyperframe.frame.HeadersFrame(stream_id)
+    frame.data = client.encoder.encode(fields)
+    frame.flags.add("END_HEADERS")
+    frame.flags.add("END_STREAM")
+    return frame.serialize()
+
+
+def test_a_stream_past_the_concurrency_limit_is_refused_alone() -> None:
+    """RFC 9113 §5.1.2: a stream error, REFUSED_STREAM; the open ones go on, and
+    the refused block still counts in HPACK's table (§4.3)."""
+
+    async def run() -> None:
+        server, transport, services, client = await _connect()
+        limit = services.http.h2_max_concurrent_streams
+        ids = [1 + 2 * i for i in range(limit + 1)]
+        server.data_received(b"".join(_raw_headers(client, i, REQUEST) for i in ids[:-1]))
+        indexed = [*REQUEST, (b"x-new", b"1")]  # x-new enters the table here
+        server.data_received(_raw_headers(client, ids[-1], indexed))
+        assert await _resets(transport) == [(ids[-1], 7)]  # REFUSED_STREAM: safe to retry
+        assert len(services.streams) == limit
+        assert services.errors == ["h2_refused_stream"]
+        assert not transport.is_closing()
+        services.streams[0].respond(SMALL)  # one stream ends: room for one more
+        await _flushed(transport)
+        server.data_received(_raw_headers(client, ids[-1] + 2, indexed))  # x-new now indexed
+        assert len(services.streams) == limit + 1
+        assert b"x-new: 1\r\n" in services.streams[-1].sent
+        assert not transport.is_closing()
 
     run_async(run())
