@@ -64,8 +64,9 @@ import h2.settings
 from edge.deadlines import Deadlines
 from edge.exchange import RequestRecord
 from edge.front_h2_requests import Http2Requests
-from edge.front_h2_session import H2Session, StreamRefused
+from edge.front_h2_session import H2Session
 from edge.front_h2_stream import RESPONSE_BUFFER
+from edge.h2_connection import StreamRefused
 from edge.http1 import ClientContext
 from edge.ledger import OutputLedger
 from edge.services import ClientFacts, EdgeServices

@@ -402,7 +402,7 @@ def test_a_refused_bodys_octets_go_back_to_the_connections_window() -> None:
 
 
 def test_the_parts_of_h2_the_edge_overrides_are_still_h2s() -> None:
-    """edge.front_h2_session overrides these; renamed in a later h2, an override
+    """edge.h2_connection overrides these; renamed in a later h2, an override
     would silently do nothing and a bad length, or one stream too many, be a
     connection error again."""
     assert {"_initialize_content_length", "_track_content_length"} <= set(vars(h2.stream.H2Stream))
