@@ -38,9 +38,11 @@ Flow control end to end:
 
 What the known HTTP/2 attacks cost, bounded:
 
-- rapid reset (CVE-2023-44487), SETTINGS, PING and PRIORITY floods, and
+- rapid reset (CVE-2023-44487) and MadeYouReset (CVE-2025-8671: frames
+  that make us reset the stream), SETTINGS, PING and PRIORITY floods, and
   empty DATA frames: counted per connection (:mod:`edge.h2_floods`); past a
-  bound the connection gets GOAWAY ENHANCE_YOUR_CALM and closes;
+  bound the connection gets GOAWAY ENHANCE_YOUR_CALM and closes. Every reset
+  stream's exchange is cancelled, so no backend works on for it;
 - CONTINUATION floods (CVE-2024-27316) and HPACK bombs: ``h2`` keeps at most
   64 CONTINUATION frames and enforces our ``max_header_list_size``
   (``http.limits.max_header_bytes``);

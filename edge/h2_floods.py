@@ -6,8 +6,10 @@ end answers GOAWAY(ENHANCE_YOUR_CALM) and closes the connection
 (:mod:`edge.front_h2`). The bounds are generous for browsers (a tab closing
 resets its streams) and far below what the attacks need:
 
-- ``resets``: streams the client resets, and requests it sends malformed
-  (each is a stream we reset): rapid reset, CVE-2023-44487;
+- ``resets``: streams the client resets, streams it makes us reset (a
+  malformed request, a stream past the concurrency limit, a frame ``h2``
+  answers with RST_STREAM): rapid reset, CVE-2023-44487, and MadeYouReset,
+  CVE-2025-8671;
 - ``settings``, ``pings``, ``priority``: SETTINGS, PING and PRIORITY floods;
 - ``empty``: DATA frames that carry nothing and do not end their stream.
 """

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import h2.config
 import h2.connection
@@ -12,8 +13,10 @@ import h2.events
 import h2.settings
 import h2.stream
 import hyperframe.frame
+import pytest
 
 from edge.front_h2 import Http2Connection
+from edge.h2_floods import LIMITS
 from tests.conftest import run_async
 from tests.edge_fakes import FakeClientTransport, FakeServices, FakeStream
 
@@ -499,5 +502,47 @@ def test_a_stream_past_the_concurrency_limit_is_refused_alone() -> None:
         assert len(services.streams) == limit + 1
         assert b"x-new: 1\r\n" in services.streams[-1].sent
         assert not transport.is_closing()
+
+    run_async(run())
+
+
+def _window_update(stream_id: int, increment: int) -> bytes:
+    frame = hyperframe.frame.WindowUpdateFrame(stream_id)
+    frame.window_increment = increment
+    return frame.serialize()
+
+
+def _data_frame(stream_id: int) -> bytes:
+    frame = hyperframe.frame.DataFrame(stream_id)
+    frame.data = b"x"
+    return frame.serialize()
+
+
+@pytest.mark.parametrize(
+    "provoke",
+    [
+        pytest.param(lambda c, s: _window_update(s, 2**31 - 1), id="window-overflow"),
+        pytest.param(lambda c, s: _data_frame(s), id="data-after-end"),
+        pytest.param(lambda c, s: _raw_headers(c, s, [(b"x", b"1")]), id="headers-after-end"),
+    ],
+)
+def test_resets_the_client_makes_us_send_are_bounded_as_its_own(provoke: Any) -> None:
+    """MadeYouReset (CVE-2025-8671): a frame that makes the server reset the
+    stream, right after its request. Each reset cancels its tunnel stream
+    (no backend keeps working for a stream gone), and they count against the
+    same bound as the client's own RST_STREAM."""
+
+    async def run() -> None:
+        server, transport, services, client = await _connect()
+        limit = LIMITS["resets"]
+        for stream_id in range(1, 2 * (limit + 1) + 1, 2):
+            server.data_received(
+                _raw_headers(client, stream_id, REQUEST) + provoke(client, stream_id)
+            )
+            if transport.is_closing():
+                break
+        assert len(services.streams) == limit + 1 and transport.is_closing()
+        assert all(s.ended_with is not None for s in services.streams)
+        assert services.errors == ["h2_flood_resets"]
 
     run_async(run())
