@@ -23,8 +23,8 @@ that request and no other. The checks, on the fields as HPACK decoded them:
   agree when both are (§8.3.1);
 - every ``content-length`` is one or more digits, and all are the same
   number (RFC 9110 §8.6; ``h2``'s rule). :func:`check_request` returns it:
-  the body must be exactly that long (RFC 9113 §8.1.1), which the
-  connection counts as the DATA arrives.
+  the body must be exactly that long (RFC 9113 §8.1.1), which the request
+  side (:mod:`edge.front_h2_requests`) counts as the DATA arrives.
 
 What is left to the HTTP/1.1 rules the translated request then goes through
 (:mod:`edge.h2_translate`): field names that are not tokens, control octets
