@@ -32,10 +32,11 @@ from collections.abc import Callable
 
 from edge.deadlines import Missed, Phase, expired
 from edge.exchange import RequestRecord
-from edge.front_h1_requests import Http1Requests, own_record
+from edge.front_h1_requests import Http1Requests
 from edge.front_h1_responses import Http1Responses
 from edge.http1 import ClientContext, RequestReader
 from edge.ledger import OutputLedger
+from edge.request_record import own_record
 from edge.services import ClientFacts, EdgeServices
 from edge.stream_metadata import connection_metadata, peer_address
 from edge.ws_frames import CLOSE_GOING_AWAY

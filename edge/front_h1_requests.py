@@ -39,10 +39,11 @@ from edge.http1 import (
     https_location,
     redirect_response,
 )
+from edge.request_record import own_record, user_agent_of
 from edge.services import EdgeServices
 from geoedge.logs import LogThrottle
 
-__all__ = ["Http1Requests", "own_record"]
+__all__ = ["Http1Requests"]
 
 throttled = LogThrottle(logging.getLogger("geoedge.edge"))
 
@@ -229,7 +230,7 @@ class Http1Requests:
             replay=head.head if head.replayable else None,
             keep_alive=head.keep_alive,
             announce_keep_alive=head.keep_alive and head.http_version == b"1.0",
-            user_agent=_user_agent(head),
+            user_agent=user_agent_of(head),
             trace_id=head.trace_id,
         )
         exchange = Exchange(services, self.responses, head, self._metadata, record)
@@ -263,28 +264,3 @@ class Http1Requests:
         elif exchange is None:
             self.responses.close()
         # else: closes when the response is written (exchange_ended)
-
-
-def own_record(
-    status: int, reason: str, outcome: str, head: RequestHeadReceived | None = None
-) -> RequestRecord:
-    """The record of something the edge answers itself (nothing goes up)."""
-    return RequestRecord(
-        method=head.method.decode("latin-1") if head is not None else "",
-        path=head.target.decode("latin-1") if head is not None else "",
-        host=head.host if head is not None else None,
-        request_id=head.request_id if head is not None else "",
-        started=time.monotonic(),
-        user_agent=_user_agent(head) if head is not None else None,
-        trace_id=head.trace_id if head is not None else None,
-        status=status,
-        outcome=outcome,
-        reason=reason,
-    )
-
-
-def _user_agent(head: RequestHeadReceived) -> str | None:
-    for name, value in head.headers:
-        if name == b"user-agent":
-            return value[:256].decode("latin-1")
-    return None

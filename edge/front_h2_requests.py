@@ -43,6 +43,7 @@ from edge.http1 import (
     RequestReader,
     RequestRejected,
 )
+from edge.request_record import own_record, user_agent_of
 from edge.services import ClientFacts, EdgeServices
 from geoedge.logs import LogThrottle
 
@@ -206,9 +207,7 @@ class Http2Requests:
             started=time.monotonic(),
             protocol="h2",
             replay=head.head if head.replayable else None,
-            user_agent=next(
-                (v[:256].decode("latin-1") for n, v in head.headers if n == b"user-agent"), None
-            ),
+            user_agent=user_agent_of(head),
             trace_id=head.trace_id,
         )
         stream.record = record
@@ -228,10 +227,7 @@ class Http2Requests:
         if stream.exchange is not None:
             stream.exchange.reject(event.status, event.reason)
             return
-        stream.record = RequestRecord(
-            method="", path="", host=None, request_id="", started=time.monotonic(),
-            protocol="h2", outcome="rejected", reason=event.reason,
-        )  # fmt: skip
+        stream.record = own_record(event.status, event.reason, "rejected", protocol="h2")
         stream.respond(event.status)
 
     # -- malformed requests ------------------------------------------------------------
@@ -248,10 +244,7 @@ class Http2Requests:
         except h2.exceptions.ProtocolError:
             pass  # trailers that ended a stream whose response had ended too
         if head:
-            record = RequestRecord(
-                method="", path="", host=None, request_id="", started=time.monotonic(),
-                protocol="h2", outcome="rejected", reason=exc.reason,
-            )  # fmt: skip
+            record = own_record(0, exc.reason, "rejected", protocol="h2")
             self._services.log_request(record, self.client_ip or None, 0, self._facts)
         self._session.count("resets")
 

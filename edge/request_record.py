@@ -8,9 +8,14 @@ client, and the worker writes it as one access-log line.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["RequestRecord"]
+if TYPE_CHECKING:
+    from edge.http1 import RequestHeadReceived
+
+__all__ = ["RequestRecord", "own_record", "user_agent_of"]
 
 
 @dataclass(slots=True)
@@ -56,3 +61,35 @@ class RequestRecord:
     def answered(self) -> bool:
         """Some of its response went to the client: an error can only be a cut."""
         return self.out_start >= 0
+
+
+def own_record(
+    status: int,
+    reason: str,
+    outcome: str,
+    head: RequestHeadReceived | None = None,
+    *,
+    protocol: str = "h1",
+) -> RequestRecord:
+    """The record of something the edge answers itself (nothing goes up)."""
+    return RequestRecord(
+        method=head.method.decode("latin-1") if head is not None else "",
+        path=head.target.decode("latin-1") if head is not None else "",
+        host=head.host if head is not None else None,
+        request_id=head.request_id if head is not None else "",
+        started=time.monotonic(),
+        protocol=protocol,
+        user_agent=user_agent_of(head) if head is not None else None,
+        trace_id=head.trace_id if head is not None else None,
+        status=status,
+        outcome=outcome,
+        reason=reason,
+    )
+
+
+def user_agent_of(head: RequestHeadReceived) -> str | None:
+    """The request's ``User-Agent``, at most 256 characters, for the log."""
+    for name, value in head.headers:
+        if name == b"user-agent":
+            return value[:256].decode("latin-1")
+    return None
