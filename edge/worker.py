@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from edge.acme_responder import AcmeResponder
 from edge.admission import ConnectionAdmission, RequestRate
 from edge.config import EdgeConfig, ListenerConfig
 from edge.deadlines import Deadlines
@@ -92,10 +93,24 @@ class EdgeWorker:
             limits.max_connections, limits.max_connections_per_client_ip
         )
         self.request_rate = RequestRate(limits.requests_per_s_per_client_ip, limits.request_burst)
+        #: The worker's ACME tables (None without [acme] enabled).
+        self.acme = (
+            None
+            if certificates.acme is None
+            else AcmeResponder(
+                certificates.acme,
+                plain_http=config.redirect is not None,
+                on_event=lambda event: self.tally.add(self.metrics.acme_events, event),
+            )
+        )
 
     # -- life cycle -----------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.certificates.acme is not None:
+            # What other workers stored since the supervisor forked this one.
+            self.certificates.load_acme()
+            self._export_acme()
         self.origins.start()
         for listener, sock in self._sockets:
             self._listeners.append(self._listen(listener, sock))
@@ -214,12 +229,25 @@ class EdgeWorker:
                 self.access_log.flush()
             self._sweep_connections(time.monotonic())
             self._export_tunnel_metrics()
+            self._export_acme()
 
     def _sweep_connections(self, now: float) -> None:
         # Not inline in _sweep: its loop variable would keep the last connection
         # alive (the sweep never returns) until the next sweep found another.
         for connection in list(self.connections):
             connection.sweep(now)
+
+    def _export_acme(self) -> None:
+        acme = self.certificates.acme
+        if acme is None:
+            return
+        gauge = self.metrics.acme_certificate_expiry
+        for stored in acme.certificates():
+            for name in stored.names:
+                gauge.labels(stored.id, name).set(stored.not_after)
+
+    def acme_http01(self, host: str | None, path: str) -> str | None:
+        return None if self.acme is None else self.acme.http01_answer(host, path)
 
     def _export_tunnel_metrics(self) -> None:
         self.metrics.connections_open.set(len(self.connections))
