@@ -69,7 +69,19 @@ $(TOOLS)/h2spec:
 	    || echo "h2spec could not be built: its test will skip"; \
 	else echo "no Go toolchain: the h2spec test will skip"; fi
 	@touch $@.tried
-tools: $(TOOLS)/h2spec
+# Pebble (Let's Encrypt's test CA) and pebble-challtestsrv (its DNS) for the
+# ACME tests, which fail without them where CI=true (they skip elsewhere).
+PEBBLE_VERSION := v2.10.3
+$(TOOLS)/pebble:
+	@mkdir -p $(TOOLS)
+	@if command -v go >/dev/null; then \
+	  GOBIN=$(abspath $(TOOLS)) go install \
+	    github.com/letsencrypt/pebble/v2/cmd/pebble@$(PEBBLE_VERSION) \
+	    github.com/letsencrypt/pebble/v2/cmd/pebble-challtestsrv@$(PEBBLE_VERSION) \
+	    || echo "pebble could not be built: the ACME tests cannot run"; \
+	else echo "no Go toolchain: the ACME tests cannot run"; fi
+	@touch $@.tried
+tools: $(TOOLS)/h2spec $(TOOLS)/pebble
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -65,16 +65,20 @@ class CertificateState:
     last_success: float | None = None
     edges: dict[str, str] = field(default_factory=dict)
     """Each edge's answer to the current certificate (``applied``, ...)."""
+    forced: bool = False
+    """A renewal was asked for (``renew --force``): due until one succeeds."""
 
     def due(self, now: float) -> bool:
         if now < self.next_try:
             return False
-        if self.issued is None or set(self.issued.names) != set(self.spec.domains):
+        if self.forced or self.issued is None:
+            return True
+        if set(self.issued.names) != set(self.spec.domains):
             return True
         return self.renew_at is None or now >= self.renew_at
 
     def wakes_at(self) -> float:
-        if self.issued is None or self.renew_at is None:
+        if self.forced or self.issued is None or self.renew_at is None:
             return self.next_try
         return max(self.next_try, min(self.renew_at, self.ari_recheck_at or self.renew_at))
 
@@ -169,6 +173,7 @@ class AcmeManager:
         if not chosen:
             raise KeyError(certificate_id)
         for state in chosen:
+            state.forced = True
             async with self._lock:
                 await self._attempt(state)
         self._wake.set()
@@ -214,6 +219,7 @@ class AcmeManager:
             self._on_change(self)
             return
         state.issued = issued
+        state.forced = False
         state.failures = 0
         state.last_error = ""
         state.next_try = 0.0
