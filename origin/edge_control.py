@@ -34,7 +34,7 @@ import binascii
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from aiohttp import web
@@ -91,12 +91,7 @@ class ControlOutcome:
         return self.status == "applied"
 
     def to_json(self) -> dict[str, str]:
-        return {
-            "edge_id": self.edge_id,
-            "connection": self.connection,
-            "status": self.status,
-            "reason": self.reason,
-        }
+        return asdict(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ControlOutcome:

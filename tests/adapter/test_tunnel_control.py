@@ -17,7 +17,7 @@ from tests.conftest import PkiFiles, run_async, scaled
 from tests.mux_pair import PREFACE, raw_frame, raw_hello
 from tests.tunnel_env import connect, dial_config, listener_config, start_server
 from tunnel.aio import control as control_module
-from tunnel.aio.control import ControlHandlers, ControlReply, echo
+from tunnel.aio.control import ControlHandler, ControlHandlers, ControlReply, echo
 from tunnel.aio.errors import ControlLost, ControlSendError, ControlTimeout
 from tunnel.aio.stream import StreamIO
 from tunnel.aio.tls import tunnel_server_context
@@ -97,18 +97,27 @@ def test_messages_and_their_answers_both_ways(test_pki: PkiFiles) -> None:
     run_async(main())
 
 
-def test_a_handler_that_runs_too_long_is_refused(
-    test_pki: PkiFiles, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(control_module, "HANDLER_TIMEOUT_S", 0.2)
-    cancelled = asyncio.Event()
+def hanging_handler() -> tuple[ControlHandler, asyncio.Event, asyncio.Event]:
+    """A handler that never returns, and the events of its start and its
+    cancellation."""
+    started, cancelled = asyncio.Event(), asyncio.Event()
 
     async def hangs(body: bytes) -> ControlReply:
+        started.set()
         try:
             await asyncio.Event().wait()
         finally:
             cancelled.set()
         raise AssertionError("unreachable")
+
+    return hangs, started, cancelled
+
+
+def test_a_handler_that_runs_too_long_is_refused(
+    test_pki: PkiFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(control_module, "HANDLER_TIMEOUT_S", 0.2)
+    hangs, _, cancelled = hanging_handler()
 
     async def main() -> None:
         server = await start_server(listener_config(test_pki, 0), no_streams)
@@ -123,16 +132,7 @@ def test_a_handler_that_runs_too_long_is_refused(
 
 
 def test_the_end_of_the_connection_ends_the_wait_and_the_handlers(test_pki: PkiFiles) -> None:
-    started = asyncio.Event()
-    cancelled = asyncio.Event()
-
-    async def hangs(body: bytes) -> ControlReply:
-        started.set()
-        try:
-            await asyncio.Event().wait()
-        finally:
-            cancelled.set()
-        raise AssertionError("unreachable")
+    hangs, started, cancelled = hanging_handler()
 
     async def main() -> None:
         server = await start_server(listener_config(test_pki, 0), no_streams)
