@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
 
-.PHONY: venv node tools test test-long lint demo dist bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor wan drill restart-test apt-base soak clean
+.PHONY: venv node tools test test-long mutation lint demo dist bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor wan drill restart-test apt-base soak clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy), the WAN emulator (iptables, libnetfilter-queue), the
@@ -79,6 +79,14 @@ lint: venv
 
 test: venv node lint tools
 	$(VENV)/bin/pytest -q
+
+# How many deliberate bugs the suite lets through (mutmut on tunnel/mux, edge/http1,
+# origin/balancer.py; tests/mutation_check.py). On demand, not in CI: it takes hours.
+$(STAMPS)/py-mutation: $(STAMPS)/py-test
+	$(PY) -m pip install -q -e '.[test,load,mutation]'
+	@touch $@
+mutation: $(STAMPS)/py-mutation
+	$(PY) -m tests.mutation_check $(MUTATION_ARGS)
 
 # The property and fuzz tests 20x longer than CI runs them (tests/example_budget.py),
 # from a random seed it prints first: `make test-long SEED=<n>` replays a run.
