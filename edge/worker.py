@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -43,11 +44,12 @@ from edge.metrics import EdgeMetrics
 from edge.origins import OriginSet
 from edge.services import ClientConnection, ClientFacts
 from edge.tls import CertificateStore
+from geoedge.acme_wire import ACME_CERTIFICATE_SET, ACME_KINDS
 from geoedge.logs import AccessLog, LogThrottle
 from geoedge.metrics import ProcessMetrics, Tally
-from tunnel.aio.control import ControlHandlers, echo
+from tunnel.aio.control import ControlHandlers, ControlReply, echo
 from tunnel.aio.stream import TunnelStream
-from tunnel.mux import ControlKind
+from tunnel.mux import ControlKind, ControlStatus
 
 log = logging.getLogger("geoedge.edge")
 throttled = LogThrottle(log)
@@ -114,6 +116,9 @@ class EdgeWorker:
                 on_event=lambda event: self.tally.add(self.metrics.acme_events, event),
             )
         )
+        if self.acme is not None:
+            for kind in ACME_KINDS:
+                self.control_handlers.add(kind, functools.partial(self._on_acme, kind))
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -256,6 +261,15 @@ class EdgeWorker:
         for stored in acme.certificates():
             for name in stored.names:
                 gauge.labels(stored.id, name).set(stored.not_after)
+
+    def _on_acme(self, kind: int, body: bytes) -> ControlReply:
+        """A CONTROL message of an ACME kind (geoedge.acme_wire), applied here."""
+        assert self.acme is not None
+        applied = self.acme.apply(kind, body)
+        if applied.applied and kind == ACME_CERTIFICATE_SET:
+            self._export_acme()
+        status = ControlStatus.APPLIED if applied.applied else ControlStatus.REFUSED
+        return ControlReply(status, applied.reason)
 
     def acme_http01(self, host: str | None, path: str) -> str | None:
         return None if self.acme is None else self.acme.http01_answer(host, path)

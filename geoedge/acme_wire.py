@@ -36,6 +36,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tunnel.mux import ControlKind
+
 __all__ = [
     "ACME_CERTIFICATE_SET",
     "ACME_CHALLENGE_CLEAR",
@@ -52,9 +54,9 @@ __all__ = [
     "is_dns_name",
 ]
 
-ACME_CHALLENGE_SET = 0x0100
-ACME_CHALLENGE_CLEAR = 0x0101
-ACME_CERTIFICATE_SET = 0x0102
+ACME_CHALLENGE_SET = int(ControlKind.ACME_CHALLENGE_SET)
+ACME_CHALLENGE_CLEAR = int(ControlKind.ACME_CHALLENGE_CLEAR)
+ACME_CERTIFICATE_SET = int(ControlKind.ACME_CERTIFICATE_SET)
 ACME_KINDS = (ACME_CHALLENGE_SET, ACME_CHALLENGE_CLEAR, ACME_CERTIFICATE_SET)
 
 #: RFC 8555 §8.3: a token is base64url without padding (at least 128 bits).

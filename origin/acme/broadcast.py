@@ -7,13 +7,10 @@ manager sees only this interface.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal, Protocol
 
 __all__ = ["Broadcaster", "EdgeReply", "confirmed_edges", "summary"]
-
-ReplyStatus = Literal["applied", "refused", "unknown_kind", "timeout"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,14 +21,16 @@ class EdgeReply:
     """The edge's identity (its tunnel certificate's)."""
     connection: str
     """Which of its connections (its peer address and a worker of ours)."""
-    status: ReplyStatus
+    status: str
+    """``applied``, ``refused``, ``unknown_kind`` (the edge's ACK), ``timeout``,
+    ``lost`` or ``not_sent`` (:class:`origin.edge_control.ControlOutcome`)."""
     reason: str = ""
 
 
-class Broadcaster(Protocol):
-    async def broadcast(self, kind: int, body: bytes, timeout_s: float) -> list[EdgeReply]:
-        """Send a CONTROL message on every connection of every connected edge;
-        each connection's answer, once all answered or ``timeout_s`` passed."""
+#: ``broadcast(kind, body, timeout_s)``: send a CONTROL message on every
+#: connection of every connected edge; each connection's answer, once all
+#: answered or ``timeout_s`` passed.
+Broadcaster = Callable[[int, bytes, float], Awaitable[list[EdgeReply]]]
 
 
 def confirmed_edges(replies: Iterable[EdgeReply]) -> set[str]:

@@ -75,7 +75,7 @@ class Issuer:
     async def send(self, message: AcmeMessage) -> list[EdgeReply]:
         """``message`` to every edge; their replies."""
         kind, body = encode_message(message)
-        replies = await self._broadcaster.broadcast(kind, body, self._config.edge_ack_timeout_s)
+        replies = await self._broadcaster(kind, body, self._config.edge_ack_timeout_s)
         self.last_replies = replies
         return replies
 

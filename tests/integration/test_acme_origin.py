@@ -26,7 +26,7 @@ class NoEdges:
     def __init__(self) -> None:
         self.sent: list[int] = []
 
-    async def broadcast(self, kind: int, body: bytes, timeout_s: float) -> list[EdgeReply]:
+    async def __call__(self, kind: int, body: bytes, timeout_s: float) -> list[EdgeReply]:
         self.sent.append(kind)
         return []
 
