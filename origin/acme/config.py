@@ -41,6 +41,8 @@ class AcmeCertificateConfig:
     metrics and ``geoedge acme renew --force <id>``: lowercase letters, digits, ``.-_``."""
     domains: tuple[str, ...]
     """Its DNS names (the first is the subject). ``*.example.com`` needs dns-01."""
+    challenge_types: tuple[ChallengeType, ...] = ()
+    """This certificate's challenges in order of preference; empty: [acme] challenge_types."""
     key_type: KeyType = "ecdsa-p256"
     """The certificate's key, made anew at each renewal. ECDSA P-256 signs ~17x
     faster than RSA-2048 (DESIGN.md); add an RSA certificate for the same

@@ -91,7 +91,7 @@ class Issuer:
                 if body.status == messages.STATUS_VALID:
                     continue  # the CA remembers a recent validation of this name
                 domain = body.identifier.value
-                challenge = self._choose(body, bool(body.wildcard))
+                challenge = self._choose(body, bool(body.wildcard), spec.challenge_types)
                 response = challenge.chall.response(client.account_key)
                 cleanups.append(await self._prove(challenge, domain, spec.id))
                 answers.append((challenge, response))
@@ -110,9 +110,11 @@ class Issuer:
                     log.warning("ACME challenge clean-up failed: %s", exc)
         return IssuedCertificate(spec.id, order.fullchain_pem, private_key_pem(key))
 
-    def _choose(self, body: messages.Authorization, wildcard: bool) -> messages.ChallengeBody:
+    def _choose(
+        self, body: messages.Authorization, wildcard: bool, types: tuple[ChallengeType, ...]
+    ) -> messages.ChallengeBody:
         wanted: tuple[ChallengeType, ...] = (
-            ("dns-01",) if wildcard else self._config.challenge_types
+            ("dns-01",) if wildcard else types or self._config.challenge_types
         )
         offered = {challenge.chall.typ: challenge for challenge in body.challenges}
         for kind in wanted:
