@@ -34,6 +34,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from geoedge.private_files import write_private
+
 __all__ = ["AcmeStore", "StoreError", "StoredCertificate", "check_certificate"]
 
 log = logging.getLogger("geoedge.edge.acme")
@@ -207,16 +209,7 @@ class AcmeStore:
             os.close(fd)
 
     def _write(self, path: Path, data: bytes) -> None:
-        name = ""
         try:
-            fd, name = tempfile.mkstemp(dir=self.directory, prefix=f".{path.name}.")
-            with os.fdopen(fd, "wb") as out:  # mkstemp: mode 0600 already
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(name, path)
+            write_private(path, data)
         except OSError as exc:
-            if name:
-                with contextlib.suppress(OSError):
-                    os.unlink(name)
             raise StoreError(f"{path}: {exc.strerror or exc}") from None

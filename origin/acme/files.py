@@ -14,12 +14,9 @@ world-readable.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 import stat
-import tempfile
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +25,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from josepy.jwk import JWKEC
+
+from geoedge.private_files import write_private
 
 __all__ = ["AcmeFiles", "FilesError", "IssuedCertificate"]
 
@@ -154,16 +153,7 @@ class AcmeFiles:
         self._write(self.certificate_dir / f"{issued.id}.pem", (chain + issued.key).encode())
 
     def _write(self, path: Path, data: bytes) -> None:
-        name = ""
         try:
-            fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-            with os.fdopen(fd, "wb") as out:  # mkstemp: 0600
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(name, path)
+            write_private(path, data)
         except OSError as exc:
-            if name:
-                with contextlib.suppress(OSError):
-                    os.unlink(name)
             raise FilesError(f"{path}: {exc.strerror or exc}") from None
