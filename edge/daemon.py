@@ -32,6 +32,7 @@ import uvloop
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from edge.acme_status import HeldCertificates
 from edge.config import EdgeConfig, ListenerConfig
 from edge.status import EdgeStatus
 from edge.tls import CertificateStore, TlsConfigError
@@ -124,10 +125,15 @@ class EdgeDaemon:
             parent_fds=self._parent_fds,
             on_stopping=lambda: self.notifier.stopping(f"draining {supervisor.running} worker(s)"),
         )
+        acme = self.certificates.acme
+        held = None if acme is None else HeldCertificates(acme.store.directory)
         self.admin = AdminServer(
             config.admin.address,
             health=self.health,
-            status=EdgeStatus(config, MetricsWindow(merged_families), supervisor.statistics),
+            status=EdgeStatus(
+                config, MetricsWindow(merged_families), supervisor.statistics, acme=held
+            ),
+            collectors=[held] if held is not None else [],
         )
         try:
             try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from edge.acme_status import HeldCertificates
 from edge.config import EdgeConfig
 from geoedge.status_page import Cell, Row, StatusPage, Table, cell
 from geoedge.status_window import MetricsWindow, workers_table
@@ -26,6 +27,8 @@ class EdgeStatus:
     config: EdgeConfig
     window: MetricsWindow
     supervisor: Callable[[], SupervisorStatistics]
+    #: The ACME certificates the edge holds ([acme] enabled), for their table.
+    acme: HeldCertificates | None = None
 
     def sample(self) -> None:
         self.window.sample()
@@ -47,7 +50,8 @@ class EdgeStatus:
         return StatusPage(
             f"geoedge edge {self.config.edge.id}",
             facts,
-            [self._tunnels(), self._phases(), self._errors(), self._workers()],
+            [self._tunnels(), self._phases(), self._errors(), self._workers()]
+            + ([self.acme.table()] if self.acme is not None else []),
         )
 
     def _tunnels(self) -> Table:

@@ -179,6 +179,7 @@ class OriginDaemon:
             MetricsWindow(lambda: merged_families(registries)),
             self.control,
             self._worker_counts,
+            acme=self.acme.table if self.acme is not None else None,
         )
         self.admin = AdminServer(
             config.admin.address,

@@ -29,6 +29,8 @@ class OriginStatus:
     control: ControlPlane
     #: (workers running, workers wanted, draining)
     workers: Callable[[], tuple[int, int, bool]]
+    #: The ACME certificates' table ([acme] configured).
+    acme: Callable[[], Table] | None = None
 
     def sample(self) -> None:
         self.window.sample()
@@ -50,7 +52,8 @@ class OriginStatus:
         return StatusPage(
             f"geoedge origin {self.origin_id}",
             facts,
-            [self._edges(), self._backends(), self._failures(), workers_table(w, "origin")],
+            [self._edges(), self._backends(), self._failures(), workers_table(w, "origin")]
+            + ([self.acme()] if self.acme is not None else []),
         )
 
     def _edges(self) -> Table:

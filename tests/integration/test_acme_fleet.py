@@ -9,11 +9,13 @@ provider)."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import stat
 from pathlib import Path
 
 from tests.acme_fleet_env import EDGES, acme_fleet, handshake_serial
-from tests.conftest import PkiFiles
+from tests.conftest import PkiFiles, scaled
 
 CERTIFICATES = """
 [[acme.certificates]]
@@ -28,6 +30,24 @@ challenge_types = ["tls-alpn-01"]
 id = "wild"
 domains = ["*.wild.geoedge.test"]
 """
+
+
+def admin_get(port: int, path: str) -> bytes:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=scaled(10))
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        assert response.status == 200, (path, response.status)
+        return response.read()
+    finally:
+        conn.close()
+
+
+def status_rows(port: int, title: str) -> list[list[str]]:
+    """The cells' text of one table of a daemon's /status.json."""
+    page = json.loads(admin_get(port, "/status.json"))
+    table = next(t for t in page["tables"] if t["title"] == title)
+    return [[cell["text"] for cell in row["cells"]] for row in table["rows"]]
 
 
 def test_two_edges_answer_every_challenge_and_serve_the_issued_chains(
@@ -50,6 +70,25 @@ def test_two_edges_answer_every_challenge_and_serve_the_issued_chains(
                 # Verifies up to Pebble's root, and is the one the origin holds.
                 served = handshake_serial(fleet.address(edge), fleet.https, name, root)
                 assert served == serials[cid], (edge, name)
+
+        # What the status pages and the metrics say: the origin's rows, and each
+        # edge's certificates with their expiry (the fleet-wide family).
+        origin_rows = status_rows(fleet.origin_admin, "ACME certificates")
+        assert {row[0] for row in origin_rows} == {"web", "alpn", "wild"}
+        assert all(row[2] != "not issued yet" and row[5] == "2/2" for row in origin_rows)
+        for edge, port in fleet.edge_admins.items():
+            rows = status_rows(port, "ACME certificates")
+            assert {row[0]: row[4] for row in rows} == {c: f"{s:x}" for c, s in serials.items()}
+            metrics = admin_get(port, "/metrics").decode()
+            for cid in serials:
+                not_after = fleet.certificate(cid)["not_after_ts"]
+                domain = fleet.certificate(cid)["domains"][0]
+                series = (
+                    "geoedge_certificate_expiry_timestamp_seconds"
+                    f'{{name="{domain}",role="served",source="acme:{cid}"}} '
+                )
+                line = next(x for x in metrics.splitlines() if x.startswith(series))
+                assert float(line.split(" ")[1]) == not_after, (edge, line)
 
         # No private key readable by others, on the origin or on the edges.
         for directory in (fleet.state, *fleet.stores.values()):
