@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from geoedge import assets, host_init, pki, wireguard
+from geoedge import acme_cli, assets, host_init, pki, wireguard
 from geoedge.version import add_version_option, package_version
 
 __all__ = ["build_parser", "main"]
@@ -48,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wireguard.WireguardToolingError,
         host_init.InitError,
         assets.AssetsError,
+        acme_cli.AcmeCliError,
     ) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_wireguard(commands)
     _add_init(commands)
     _add_config(commands)
+    acme_cli.add_acme(commands)
     # Listed for --help only: main() hands "demo ..." to the demo before parsing.
     commands.add_parser("demo", help="run origin, edge and sample Node.js backends on localhost")
     version = commands.add_parser("version", help="print the version")

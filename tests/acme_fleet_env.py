@@ -18,6 +18,7 @@ import os
 import re
 import socket
 import ssl
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -202,6 +203,23 @@ class AcmeFleet:
             return response.status, json.loads(response.read() or b"null")
         finally:
             conn.close()
+
+    def geoedge_acme(self, *args: str, timeout_s: float = 120) -> tuple[int, str]:
+        """``geoedge acme ARGS --admin <the origin's>``: its exit status and output."""
+        done = subprocess.run(
+            [sys.executable, "-m", "geoedge.cli", "acme", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=scaled(timeout_s),
+            check=False,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        return done.returncode, done.stdout + done.stderr
+
+    @property
+    def admin_address(self) -> str:
+        return f"127.0.0.1:{self.origin_admin}"
 
     def certificate(self, certificate_id: str) -> dict[str, Any]:
         """The origin's ``GET /acme`` entry of one certificate."""

@@ -90,6 +90,14 @@ def test_two_edges_answer_every_challenge_and_serve_the_issued_chains(
                 line = next(x for x in metrics.splitlines() if x.startswith(series))
                 assert float(line.split(" ")[1]) == not_after, (edge, line)
 
+        code, output = fleet.geoedge_acme("status", "--admin", fleet.admin_address)
+        assert code == 0, output
+        for cid, serial in serials.items():
+            block = next(b for b in output.split("\n\n") if b.startswith(f"{cid}: "))
+            assert f"serial {serial:x}" in block and "days left" in block, block
+            assert "edges: edge-1 applied, edge-2 applied" in block, block
+            assert "FAILING" not in block
+
         # No private key readable by others, on the origin or on the edges.
         for directory in (fleet.state, *fleet.stores.values()):
             assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory

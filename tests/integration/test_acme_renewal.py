@@ -1,8 +1,8 @@
 """ACME certificates change under live traffic, and reach a new edge at once
 (tests/acme_fleet_env.py has the layout: Pebble, one origin, real edges).
 
-- A forced renewal (``POST /acme/renew?id=``, what ``geoedge acme renew
-  --force`` calls) while keep-alive clients and clients making a new TLS
+- A forced renewal (``geoedge acme renew --force --id``, which calls the
+  origin's ``POST /acme/renew?id=``) while keep-alive clients and clients making a new TLS
   connection per request go through both edges to a Node.js backend: not
   one request fails, every keep-alive connection carries on across it, and
   every handshake begun after the renewal returned presents the new chain.
@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import http.client
+import json
 import socket
 import ssl
 import threading
@@ -123,7 +124,9 @@ def test_a_forced_renewal_under_load_fails_no_request(test_pki: PkiFiles, tmp_pa
             # Every client under way before the renewal begins.
             wait_until(lambda: all(c.done >= 20 for c in clients), 30, "load under way")
             renew_started = time.time()
-            status, outcome = fleet.admin("POST", "/acme/renew?id=web")
+            code, output = fleet.geoedge_acme(
+                "renew", "--force", "--id", "web", "--json", "--admin", fleet.admin_address
+            )
             renew_done = time.time()
 
             # Each client goes on after it: new connections see the new chain.
@@ -147,7 +150,9 @@ def test_a_forced_renewal_under_load_fails_no_request(test_pki: PkiFiles, tmp_pa
             f" {total} requests through both edges, {len(failures)} failed"
         )
         assert failures == []
-        assert status == 200 and outcome["ok"], outcome
+        assert code == 0, output
+        outcome = json.loads(output)
+        assert outcome["ok"], outcome
         new_serial = int(outcome["renewed"][0]["serial"], 16)
         assert new_serial != old_serial
         assert outcome["renewed"][0]["edges"] == {"edge-1": "applied", "edge-2": "applied"}
