@@ -179,6 +179,9 @@ def describe(certificate: dict[str, Any], now: float | None = None) -> str:
         lines.append(
             "  edges: " + ", ".join(f"{edge} {state}" for edge, state in sorted(edges.items()))
         )
+    if certificate.get("ocsp"):
+        until = certificate.get("ocsp_next_update")
+        lines.append(f"  OCSP: {certificate['ocsp']}" + (f" until {until}" if until else ""))
     if certificate.get("failures"):
         lines.append(
             f"  FAILING: {certificate['failures']} attempt(s) in a row, next"

@@ -121,13 +121,23 @@ class AcmeService:
                             f"{applied}/{len(edges)}" if edges else "-",
                             "" if applied == len(edges) else "warn",
                         ),
+                        Cell(state.ocsp_note or "-", "ok" if state.ocsp is not None else ""),
                         error,
                     ]
                 )
             )
         return Table(
             "ACME certificates",
-            ["id", "names", "expires", "left", "renewal due", "edges applied", "last error"],
+            [
+                "id",
+                "names",
+                "expires",
+                "left",
+                "renewal due",
+                "edges applied",
+                "OCSP staple",
+                "last error",
+            ],
             rows,
             note=f"CA: {self.manager.config.directory}. Edges applied: of the edges connected"
             " when the certificate was last sent (an edge that connects later gets it at once)."

@@ -254,13 +254,15 @@ def _parse_rfc3339(text: str) -> float:
 
 
 @contextlib.contextmanager
-def acme_fleet(test_pki: PkiFiles, tmp: Path, *, node: bool = False) -> Iterator[AcmeFleet]:
+def acme_fleet(
+    test_pki: PkiFiles, tmp: Path, *, node: bool = False, ocsp_url: str = ""
+) -> Iterator[AcmeFleet]:
     """Pebble, and the fleet's ports; the test starts the origin and the edges.
     Every process is stopped (by PID) at the end."""
     https = free_port_on("127.0.0.2", "127.0.0.3")
     http_port = free_port_on("127.0.0.2", "127.0.0.3")
     procs = Processes()
-    with pebble(test_pki, tmp, http_port=http_port, tls_port=https) as ca:
+    with pebble(test_pki, tmp, http_port=http_port, tls_port=https, ocsp_url=ocsp_url) as ca:
         fleet = AcmeFleet(test_pki, tmp, ca, procs, https, http_port)
         try:
             if node:

@@ -6,7 +6,8 @@
   beside it holds the account's URL.
 - ``certificates/<id>.pem``: each issued certificate, chain then key, 0600
   (the format the edges store too), so a restarted origin sends the edges
-  what it has instead of issuing again.
+  what it has instead of issuing again; ``certificates/<id>.ocsp`` its
+  current OCSP response (DER), where the CA offers OCSP.
 
 Files are written whole (a temporary file, fsync, rename), never group- or
 world-readable.
@@ -151,6 +152,20 @@ class AcmeFiles:
     def save_certificate(self, issued: IssuedCertificate) -> None:
         chain = issued.chain if issued.chain.endswith("\n") else issued.chain + "\n"
         self._write(self.certificate_dir / f"{issued.id}.pem", (chain + issued.key).encode())
+        try:  # the previous certificate's response
+            (self.certificate_dir / f"{issued.id}.ocsp").unlink(missing_ok=True)
+        except OSError as exc:
+            raise FilesError(f"{issued.id}.ocsp: {exc.strerror or exc}") from None
+
+    def ocsp(self, certificate_id: str) -> bytes | None:
+        """The stored OCSP response of a certificate, or None."""
+        try:
+            return (self.certificate_dir / f"{certificate_id}.ocsp").read_bytes()
+        except OSError:
+            return None
+
+    def save_ocsp(self, certificate_id: str, der: bytes) -> None:
+        self._write(self.certificate_dir / f"{certificate_id}.ocsp", der)
 
     def _write(self, path: Path, data: bytes) -> None:
         try:

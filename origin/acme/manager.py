@@ -15,6 +15,10 @@ the number of edges and workers).
 - Issued (:mod:`origin.acme.issuer`): stored (0600) first, then sent to every
   connected edge, whose ACKs are kept per edge for the status page, and
   published to the workers for edges that connect later.
+- OCSP (:mod:`origin.acme.stapling`), where the CA names a responder: a
+  response fetched with each new certificate and halfway through each
+  response's validity, stored, and sent with the certificate for the edges
+  to staple; a revoked certificate is renewed at once.
 - ``geoedge acme renew --force [id]`` (the admin's ``POST /acme/renew``):
   :meth:`AcmeManager.renew` runs an attempt now and returns its outcome.
 """
@@ -25,6 +29,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -32,12 +37,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from geoedge.acme_wire import CertificateSet
-from origin.acme.broadcast import Broadcaster, EdgeReply, confirmed_edges, summary
+from origin.acme import stapling
+from origin.acme.broadcast import Broadcaster, by_edge, confirmed_edges, summary
 from origin.acme.client import AcmeClient, AcmeError
 from origin.acme.config import AcmeCertificateConfig, AcmeConfig, DnsConfig
 from origin.acme.dns import ChalltestsrvProvider, DnsError, DnsProvider
 from origin.acme.files import AcmeFiles, FilesError, IssuedCertificate
 from origin.acme.issuer import Issuer
+from origin.acme.ocsp import OcspAnswer, OcspError, check_response, refresh_at
 from origin.acme.schedule import next_attempt, renew_at
 from tunnel.policy import Backoff
 
@@ -67,6 +74,12 @@ class CertificateState:
     """Each edge's answer to the current certificate (``applied``, ...)."""
     forced: bool = False
     """A renewal was asked for (``renew --force``): due until one succeeds."""
+    ocsp: OcspAnswer | None = None
+    """The OCSP response stapled with it (:mod:`origin.acme.stapling`)."""
+    ocsp_at: float = math.inf
+    """When to fetch the next OCSP response (``inf``: never)."""
+    ocsp_failures: int = 0
+    ocsp_note: str = ""
 
     def due(self, now: float) -> bool:
         if now < self.next_try:
@@ -80,7 +93,15 @@ class CertificateState:
     def wakes_at(self) -> float:
         if self.forced or self.issued is None or self.renew_at is None:
             return self.next_try
-        return max(self.next_try, min(self.renew_at, self.ari_recheck_at or self.renew_at))
+        renewal = max(self.next_try, min(self.renew_at, self.ari_recheck_at or self.renew_at))
+        return min(renewal, self.ocsp_at)
+
+    def message(self) -> CertificateSet | None:
+        """What the edges are sent of it: the certificate, its key, its staple."""
+        if self.issued is None:
+            return None
+        ocsp = None if self.ocsp is None else self.ocsp.der
+        return CertificateSet(self.spec.id, self.issued.chain, self.issued.key, ocsp)
 
 
 class AcmeManager:
@@ -128,6 +149,7 @@ class AcmeManager:
                 log.warning("stored ACME certificate ignored: %s", exc)
             if state.issued is not None:
                 self._schedule(state, None)
+                self._load_ocsp(state)
         self._on_certificates(self.messages())
         self._on_change(self)
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -140,11 +162,7 @@ class AcmeManager:
 
     def messages(self) -> list[CertificateSet]:
         """The current certificates, as sent to the edges."""
-        return [
-            CertificateSet(state.spec.id, state.issued.chain, state.issued.key)
-            for state in self.states.values()
-            if state.issued is not None
-        ]
+        return [m for m in (state.message() for state in self.states.values()) if m is not None]
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -155,8 +173,11 @@ class AcmeManager:
                 if state.due(now):
                     async with self._lock:
                         await self._attempt(state)
-                elif state.issued is not None and now >= state.ari_recheck_at:
-                    await self._refresh_ari(state)
+                else:
+                    if state.issued is not None and now >= state.ari_recheck_at:
+                        await self._refresh_ari(state)
+                    if state.issued is not None and now >= state.ocsp_at:
+                        await self._refresh_ocsp(state, distribute=True)
             wake = min(state.wakes_at() for state in self.states.values())
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
@@ -227,15 +248,18 @@ class AcmeManager:
         log.info("ACME: %s issued, valid until %s", spec.id, _iso(issued.not_after))
         self._schedule(state, None)
         await self._refresh_ari(state)
+        state.ocsp, state.ocsp_failures = None, 0
+        await self._refresh_ocsp(state, distribute=False)
         await self._distribute(state)
         self._on_certificates(self.messages())
         self._on_change(self)
 
     async def _distribute(self, state: CertificateState) -> None:
-        assert self._issuer is not None and state.issued is not None
+        message = state.message()
+        assert self._issuer is not None and state.issued is not None and message is not None
         issued = state.issued
-        replies = await self._issuer.send(CertificateSet(issued.id, issued.chain, issued.key))
-        state.edges = _by_edge(replies)
+        replies = await self._issuer.send(message)
+        state.edges = by_edge(replies)
         problems = summary(replies)
         confirmed = sorted(confirmed_edges(replies))
         log.info("ACME: %s on edges %s", issued.id, ", ".join(confirmed) or "(none connected)")
@@ -260,6 +284,57 @@ class AcmeManager:
         self._schedule(state, None if suggested is None else suggested.timestamp())
         recheck_at = _timestamp(recheck)
         state.ari_recheck_at = min(max(recheck_at, now + 60.0), now + ARI_RECHECK_MAX_S)
+
+    def _load_ocsp(self, state: CertificateState) -> None:
+        """The stored OCSP response, when it is still good for the stored certificate."""
+        if not self.config.ocsp_stapling or state.issued is None:
+            return
+        state.ocsp_at = self._clock()  # fetch at the first turn of the loop, unless...
+        der = self.files.ocsp(state.spec.id)
+        if der is None:
+            return
+        try:
+            answer = check_response(der, state.issued.chain, self._clock())
+        except OcspError as exc:
+            log.info("stored OCSP response of %s not used: %s", state.spec.id, exc)
+            return
+        if answer.status == "good":
+            state.ocsp, state.ocsp_note = answer, "good"
+            state.ocsp_at = refresh_at(answer, self._clock())
+
+    async def _refresh_ocsp(self, state: CertificateState, *, distribute: bool) -> None:
+        """Fetch a new OCSP response (:mod:`origin.acme.stapling`); keep, store and
+        (``distribute``) send a good one; renew a revoked certificate at once."""
+        if not self.config.ocsp_stapling or state.issued is None:
+            return
+        now = self._clock()
+        outcome = await stapling.refresh(
+            state.spec.id, state.issued.chain, state.ocsp_failures, now,
+            self.config.edge_ack_timeout_s, self._rng,
+        )  # fmt: skip
+        state.ocsp_at, state.ocsp_note = outcome.next_at, outcome.note
+        if outcome.revoked:  # renewed at once; again and again only with backoff
+            state.ocsp, state.forced = None, True
+            state.failures += 1
+            state.last_error = "the CA's OCSP responder says the certificate is revoked"
+            not_after = state.issued.not_after
+            state.next_try = next_attempt(state.failures, now, not_after, self._backoff, self._rng)
+            self._wake.set()
+        if outcome.answer is None:
+            state.ocsp_failures += not math.isinf(outcome.next_at)
+            if state.ocsp is not None and not state.ocsp.valid_at(now):
+                state.ocsp = None  # expired: no staple beats a stale one
+            self._on_change(self)
+            return
+        state.ocsp, state.ocsp_failures = outcome.answer, 0
+        try:
+            await asyncio.to_thread(self.files.save_ocsp, state.spec.id, outcome.answer.der)
+        except FilesError as exc:
+            log.warning("OCSP response of %s not stored: %s", state.spec.id, exc)
+        if distribute:
+            await self._distribute(state)
+            self._on_certificates(self.messages())
+        self._on_change(self)
 
     def _schedule(self, state: CertificateState, ari_time: float | None) -> None:
         assert state.issued is not None
@@ -292,6 +367,10 @@ class AcmeManager:
             "next_try": None if not state.next_try else _iso(state.next_try),
             "last_success": None if state.last_success is None else _iso(state.last_success),
             "edges": dict(state.edges),
+            "ocsp": state.ocsp_note or None,
+            "ocsp_next_update": None
+            if state.ocsp is None or state.ocsp.next_update is None
+            else _iso(state.ocsp.next_update),
         }
 
 
@@ -302,15 +381,6 @@ def make_provider(config: DnsConfig) -> DnsProvider:
     from origin.acme.route53 import Route53Provider  # boto3 only where it is used
 
     return Route53Provider(config)
-
-
-def _by_edge(replies: list[EdgeReply]) -> dict[str, str]:
-    """Each edge's worst answer (one connection that failed makes it fail)."""
-    edges: dict[str, str] = {}
-    for reply in replies:
-        if edges.get(reply.edge, "applied") == "applied":
-            edges[reply.edge] = reply.status
-    return edges
 
 
 def _iso(timestamp: float) -> str:

@@ -104,7 +104,8 @@ def test_the_origin_lists_each_certificate_its_renewal_and_its_last_error(
     assert cells[0:2] == ["web", "web.example.com"]
     assert web_row.cells[3].tone == "bad"  # 5 days left
     assert cells[5] == "1/2" and web_row.cells[5].tone == "warn"
-    assert "4 failed" in cells[6] and "unreachable" in cells[6]
-    assert web_row.cells[6].tone == "bad"
+    assert cells[6] == "-"  # no OCSP staple: none fetched
+    assert "4 failed" in cells[7] and "unreachable" in cells[7]
+    assert web_row.cells[7].tone == "bad"
     assert [cell.text for cell in new_row.cells][2:5] == ["not issued yet", "-", "now"]
-    assert new_row.cells[6].text == ""
+    assert new_row.cells[7].text == ""
