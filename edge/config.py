@@ -226,9 +226,23 @@ class HttpConfig:
     send_timeout_s: float = 60.0
     """A client that takes nothing of what is sent to it for this long is cut
     (nginx's ``send_timeout``)."""
+    readiness_path: str = "/_geoedge/readyz"
+    """Answered by the edge itself on every listener, HTTPS and the plain-HTTP
+    one (HAProxy's ``monitor-uri``), for load balancers and DNS health checks
+    that can reach only the traffic ports: ``GET`` or ``HEAD`` gets 200 while
+    the worker that accepted it has a usable tunnel, 503 when it has none or
+    the edge is draining. Never sent to the origin. Empty: off (the path is
+    proxied like any other). The admin listener's ``/livez`` and ``/readyz``
+    say the same per host."""
     limits: HttpLimits = field(default_factory=HttpLimits)
     access_log: str = "-"
     """File for JSON access-log lines; ``-`` is stdout, empty disables it."""
+
+    def __post_init__(self) -> None:
+        if self.readiness_path and (
+            not self.readiness_path.startswith("/") or "?" in self.readiness_path
+        ):
+            raise ValueError("readiness_path must be a path starting with '/', without a query")
 
 
 @dataclass(frozen=True, slots=True)

@@ -234,6 +234,9 @@ class EdgeWorker:
 
     # -- edge.services.EdgeServices ------------------------------------------------------
 
+    def ready(self) -> bool:
+        return not self.draining and self.origins.any_usable
+
     def new_request_id(self) -> str:
         return f"{self._id_prefix}{next(self._id_counter):08x}"
 
