@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from edge.config import EdgeConfig
 from geoedge.status_page import Cell, Row, StatusPage, Table, cell
 from geoedge.status_window import MetricsWindow, workers_table
+from geoedge.version import package_version
 from geoedge.workers import SupervisorStatistics
 
 __all__ = ["EdgeStatus"]
@@ -38,6 +39,7 @@ class EdgeStatus:
         errors = sum(rate for (status,), rate in requests.items() if status.startswith("5"))
         facts = [
             ("edge", Cell(self.config.edge.id)),
+            ("version", Cell(package_version())),
             ("state", Cell("draining", "warn") if stats.stopping else Cell("serving", "ok")),
             ("workers", Cell(f"{stats.running}/{stats.target}", "" if stats.running else "bad")),
             ("requests", cell(total, "/s")),

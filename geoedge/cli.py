@@ -1,7 +1,7 @@
 """The ``geoedge`` command: PKI and WireGuard tooling, host files, the local demo.
 
 Each subcommand is a thin shell over a library function (:mod:`geoedge.pki`,
-:mod:`geoedge.wireguard`, :mod:`geoedge.host_init`,
+:mod:`geoedge.wireguard`, :mod:`geoedge.host_init`, :mod:`geoedge.release`,
 :mod:`geoedge.demo`), so everything the command does can also be done,
 and is tested, from Python. The demo and the config schemas are imported only
 when asked for: they pull in the daemons, which the PKI commands on a bare CA
@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from geoedge import assets, host_init, pki, wireguard
+from geoedge import assets, host_init, pki, release, wireguard
 from geoedge.version import add_version_option, package_version
 
 __all__ = ["build_parser", "main"]
@@ -34,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Everything after "demo" belongs to the demo, --help included; argparse's
         # REMAINDER cannot pass an option-like first argument through.
         return _run_demo(args_list[1:])
+    if args_list[:1] == ["release"]:
+        return release.main(args_list[1:])
     try:
         args = parser.parse_args(args_list)
     except SystemExit as exc:  # --help, or a usage error already printed by argparse
@@ -65,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(commands)
     # Listed for --help only: main() hands "demo ..." to the demo before parsing.
     commands.add_parser("demo", help="run origin, edge and sample Node.js backends on localhost")
+    commands.add_parser(
+        "release", help="versioned installs: install, activate, rollback, list (geoedge.release)"
+    )
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(handler=_run_version)
     return parser

@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from geoedge.status_page import Action, Cell, Row, StatusPage, Table, cell
 from geoedge.status_window import MetricsWindow, workers_table
+from geoedge.version import package_version
 from origin.control import ControlPlane
 
 __all__ = ["OriginStatus"]
@@ -40,6 +41,7 @@ class OriginStatus:
         failures = sum(w.rate("geoedge_origin_stream_failures_total", ()).values())
         facts = [
             ("origin", Cell(self.origin_id)),
+            ("version", Cell(package_version())),
             ("state", Cell("draining", "warn") if draining else Cell("serving", "ok")),
             ("workers", Cell(f"{running}/{target}", "" if running else "bad")),
             ("streams", cell(streams, "/s")),
