@@ -128,12 +128,31 @@ def load_schema(role: str) -> type:
 
 
 def defaults_toml(role: str) -> str:
-    """``geoedge config --defaults ROLE``: every key, its default and its docstring."""
+    """``geoedge config --defaults ROLE``: every key, its default and its
+    docstring; every table, the ones with no default entry (``[[origins]]``,
+    ``[[pools]]``, ``[redirect]``...) as a commented-out example taken from
+    what ``geoedge init`` writes."""
     header = (
         f"# Every key of {role}.toml with its default (geoedge {package_version()}).\n"
-        "# Keys shown as comments have no default: they are required, or unset.\n\n"
+        "# Keys shown as comments have no default: they are required, or unset.\n"
+        "# Tables shown as comments are examples: optional tables, and one entry\n"
+        "# of each array of tables ([[...]]); uncomment and edit them.\n\n"
     )
-    return header + config_to_toml(load_schema(role))
+    example = (
+        edge_config_mapping(EdgeChoices(nlb_cidr="10.20.0.0/16"))
+        if role == "edge"
+        else origin_config_mapping(OriginChoices(names=("app.example.com",)))
+    )
+    example = _with_examples(role, example)
+    return header + config_to_toml(load_schema(role), example=example)
+
+
+def _with_examples(role: str, mapping: dict[str, Any]) -> dict[str, Any]:
+    """Values for the example entries that ``geoedge init`` does not write."""
+    if role == "origin":
+        [pool] = mapping["pools"]
+        pool["dns"] = {"name": "app.service.consul", "type": "A", "port": 3000}
+    return mapping
 
 
 def _render(role: Role, mapping: dict[str, Any], header: str) -> str:

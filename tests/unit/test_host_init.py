@@ -4,6 +4,7 @@ and that say everything (every key of the schema, with its docstring)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import re
 import stat
@@ -210,6 +211,76 @@ def test_config_defaults_prints_every_key_of_the_schema(
         if name in data and not isinstance(data[name], dict | list):
             assert data[name] == f.default
     assert f"Every key of {role}.toml" in out
+
+
+def schema_key_paths(schema: type, path: str = "") -> set[str]:
+    """Every key of ``schema`` as ``table.sub.key`` (arrays of tables without
+    an index): the whole schema, walked."""
+    from geoedge.config_render import _array_item_schema, _table_schema
+
+    hints = typing.get_type_hints(schema)
+    keys: set[str] = set()
+    for f in dataclasses.fields(schema):
+        tp = hints[f.name]
+        nested = _table_schema(tp) or _array_item_schema(tp)
+        if nested is not None:
+            keys |= schema_key_paths(nested, f"{path}{f.name}.")
+        else:
+            keys.add(f"{path}{f.name}")
+    return keys
+
+
+_HEADER = re.compile(r"^(?:# )?\[\[?([A-Za-z0-9_.]+)\]\]?$")
+_KEY = re.compile(r"^(?:# )?([a-z][a-z0-9_]*) = ")
+
+
+def printed_key_paths(text: str) -> set[str]:
+    """Every key ``config --defaults`` prints, set or commented, under its table."""
+    keys: set[str] = set()
+    table = ""
+    for line in text.splitlines():
+        if header := _HEADER.match(line):
+            table = header.group(1) + "."
+        elif key := _KEY.match(line):
+            keys.add(table + key.group(1))
+    return keys
+
+
+def uncommented(text: str) -> str:
+    """The defaults with their example tables and example values switched on
+    (``# e.g. key = value`` in place of the default line before it)."""
+    out: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("# e.g. "):
+            key = _KEY.match(line[len("# e.g. ") :])
+            assert key is not None and out[-1].startswith(key.group(1) + " = "), line
+            out[-1] = line[len("# e.g. ") :]
+            continue
+        if line.startswith("# ") and (_HEADER.match(line) or _KEY.match(line)):
+            if "(not set)" in line or re.search(r"=\s+\(required", line):
+                continue
+            line = re.sub(r"  \((required: [^)]*|not set by default)\)$", "", line[2:])
+        out.append(line)
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize(("role", "schema"), [("edge", EdgeConfig), ("origin", OriginConfig)])
+def test_config_defaults_prints_every_table_and_key_the_schema_has(
+    role: str, schema: type, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Arrays of tables ([[origins]], [[tls.certificates]], [[pools]] and their
+    sub-tables) and optional tables ([redirect], [pools.dns]) included, as one
+    commented example entry each; uncommented, the example is a valid config."""
+    status, out, _ = run(["config", "--defaults", role], capsys)
+    assert status == 0
+    assert printed_key_paths(out) == schema_key_paths(schema)
+    for table in {"edge": ["[[origins]]", "[[tls.certificates]]", "[origins.tunnel]",
+                           "[redirect]"],
+                  "origin": ["[[pools]]", "[[pools.backends]]", "[pools.health]",
+                             "[pools.dns]", "[pools.passive]"]}[role]:  # fmt: skip
+        assert f"\n# {table}\n" in out or f"\n{table}\n" in out, table
+    example = config_from_mapping(tomllib.loads(uncommented(out)), schema, source=role)
+    assert example is not None
 
 
 def test_config_defaults_of_a_section_load_back_equal() -> None:
