@@ -55,14 +55,13 @@ def _items(
     docs = field_docs(schema)
     items = []
     for name, f in schema_fields(schema).items():
+        table, item = _table_schema(f.type), _array_item_schema(f.type)
         if not isinstance(obj, type):
             value = getattr(obj, name)
-        elif _table_schema(f.type) is not None and not f.required and f.default is None:
-            value = _Example(_table_schema(f.type), example.get(name), required=False)
-        elif _array_item_schema(f.type) is not None and (f.required or not f.default):
-            value = _Example(
-                _array_item_schema(f.type), example.get(name), required=f.required, array=True
-            )
+        elif table is not None and not f.required and f.default is None:
+            value = _Example(table, example.get(name), required=False)
+        elif item is not None and (f.required or not f.default):
+            value = _Example(item, example.get(name), required=f.required, array=True)
         elif not f.required:
             value = example.get(name, f.default) if commented else f.default
             if value is None and example.get(name) is not None:

@@ -227,9 +227,9 @@ class Daemon:
             f"export LISTEN_PID=$$ LISTEN_FDS=1 LISTEN_FDNAMES={self.fd_name}; "
             f'exec "$@" 3<&{fd} {fd}<&-'
         )
+        command = [str(self.work / "bin" / self.command), "--config", str(self.config)]
         self.proc = self.procs.start(
-            ["bash", "-c", wrapper, "_", str(self.work / "bin" / self.command)]
-            + ["--config", str(self.config)],
+            ["bash", "-c", wrapper, "_", *command],
             pass_fds=(fd,),
             stdout=log,
             stderr=subprocess.STDOUT,
