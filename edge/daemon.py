@@ -44,6 +44,7 @@ from edge.status import EdgeStatus
 from edge.tls import CertificateStore, TlsConfigError
 from edge.worker import EdgeWorker
 from geoedge.admin import AdminServer, HealthReport
+from geoedge.cert_expiry import CertificateWatch, WatchedFile, tunnel_files
 from geoedge.listening import activated_or_bound
 from geoedge.memory import MemoryKeeper, tune_gc
 from geoedge.metrics import (
@@ -131,11 +132,15 @@ class EdgeDaemon:
             parent_fds=self._parent_fds,
             on_stopping=lambda: self.notifier.stopping(f"draining {supervisor.running} worker(s)"),
         )
+        certificates = edge_certificates(config)
         self.admin = AdminServer(
             config.admin.address,
             health=self.health,
             liveness=self.liveness,
-            status=EdgeStatus(config, MetricsWindow(merged_families), supervisor.statistics),
+            status=EdgeStatus(
+                config, MetricsWindow(merged_families), supervisor.statistics, certificates
+            ),
+            collectors=[certificates],
         )
         try:
             try:
@@ -259,6 +264,14 @@ class EdgeDaemon:
         await worker.drain()
         memory.close()
         return 0
+
+
+def edge_certificates(config: EdgeConfig) -> CertificateWatch:
+    """The certificates users see, the tunnel certificates and the CAs they trust."""
+    files = [WatchedFile("served", c.cert) for c in config.tls.certificates]
+    for origin in config.origins:
+        files += tunnel_files(origin.tunnel.cert, origin.tunnel.ca)
+    return CertificateWatch(files)
 
 
 def tunnels_up() -> dict[str, float]:

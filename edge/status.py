@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from edge.config import EdgeConfig
+from geoedge.cert_expiry import CertificateWatch, certificates_table
 from geoedge.status_page import Cell, Row, StatusPage, Table, cell
 from geoedge.status_window import MetricsWindow, workers_table
 from geoedge.version import package_version
@@ -27,6 +28,7 @@ class EdgeStatus:
     config: EdgeConfig
     window: MetricsWindow
     supervisor: Callable[[], SupervisorStatistics]
+    certificates: CertificateWatch | None = None
 
     def sample(self) -> None:
         self.window.sample()
@@ -49,7 +51,8 @@ class EdgeStatus:
         return StatusPage(
             f"geoedge edge {self.config.edge.id}",
             facts,
-            [self._tunnels(), self._phases(), self._errors(), self._workers()],
+            [self._tunnels(), self._phases(), self._errors(), self._workers()]
+            + ([certificates_table(self.certificates)] if self.certificates else []),
         )
 
     def _tunnels(self) -> Table:

@@ -34,7 +34,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.registry import Collector
 
 from geoedge.metrics import FamilyFilter, exposition
 from geoedge.status_page import REFRESH_S, StatusPage, render, render_main
@@ -75,6 +76,7 @@ class AdminServer:
         routes: Sequence[web.AbstractRouteDef] = (),
         status: StatusSource | None = None,
         keep_metrics: FamilyFilter | None = None,
+        collectors: Sequence[Collector] = (),
     ) -> None:
         self.address = address
         self._health = health
@@ -82,6 +84,11 @@ class AdminServer:
         self._registries = tuple(registries)
         self._status = status
         self._keep_metrics = keep_metrics
+        # The parent's own collectors (certificate expiry): outside the
+        # multiprocess files, appended to what the workers export.
+        self._own = CollectorRegistry(auto_describe=False)
+        for collector in collectors:
+            self._own.register(collector)
         self._app = web.Application()
         self._app.add_routes(
             [
@@ -166,7 +173,7 @@ class AdminServer:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body, content_type = exposition(self._registries, self._keep_metrics)
-        response = web.Response(body=body)
+        response = web.Response(body=body + generate_latest(self._own))
         response.headers["Content-Type"] = content_type
         return response
 

@@ -51,6 +51,7 @@ from aiohttp import web
 from prometheus_client.metrics_core import Metric
 
 from geoedge.admin import AdminServer, HealthReport
+from geoedge.cert_expiry import CertificateWatch, tunnel_files
 from geoedge.config import ConfigError
 from geoedge.listening import activated_or_bound
 from geoedge.logs import AccessLog
@@ -158,11 +159,13 @@ class OriginDaemon:
                 parent_fds=self._parent_fds,
                 on_stopping=lambda: self.notifier.stopping("draining"),
             )
+        certificates = CertificateWatch(tunnel_files(listener.cert, listener.ca))
         status = OriginStatus(
             config.origin.id,
             MetricsWindow(lambda: merged_families(registries)),
             self.control,
             self._worker_counts,
+            certificates,
         )
         self.admin = AdminServer(
             config.admin.address,
@@ -172,6 +175,7 @@ class OriginDaemon:
             routes=self._routes(),
             status=status,
             keep_metrics=self._current_backends_only,
+            collectors=[certificates],
         )
         try:
             await self.control.start()
