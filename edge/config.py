@@ -286,8 +286,14 @@ class OriginConfig:
 
 @dataclass(frozen=True, slots=True)
 class AdminConfig:
-    address: str = "127.0.0.1:9100"
-    """/healthz and /metrics; keep it off the public interface."""
+    address: str = "127.0.0.1:7444"
+    """host:port of the admin HTTP listener: /livez, /readyz (and /healthz),
+    /metrics, /status. No authentication: keep it on loopback or a management
+    network. 7444 (the origin's 7445) sits beside the tunnel port 7443, clear
+    of node_exporter's 9100, Envoy's 9901 and the usual exporter ports."""
+
+    def __post_init__(self) -> None:
+        parse_host_port(self.address)
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,9 +85,11 @@ class OriginSection:
 
 @dataclass(frozen=True, slots=True)
 class AdminConfig:
-    address: str = "127.0.0.1:9901"
-    """host:port of the admin HTTP listener (/healthz, /metrics, backend drain);
-    keep it on loopback or a management network: it has no authentication."""
+    address: str = "127.0.0.1:7445"
+    """host:port of the admin HTTP listener (/livez, /readyz and /healthz,
+    /metrics, /status, backend drain); keep it on loopback or a management
+    network: it has no authentication. 7445 (the edge's 7444) sits beside the
+    tunnel port 7443, clear of node_exporter's 9100 and Envoy's 9901."""
 
     def __post_init__(self) -> None:
         parse_host_port(self.address)
