@@ -314,6 +314,19 @@ def _add_init(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     node = sub.add_parser("node", parents=[common], help="a Node.js backend host")
     node.set_defaults(handler=_init_node)
 
+    metrics = sub.add_parser(
+        "metrics",
+        parents=[common],
+        help="a host's Prometheus agent: scrape the daemon, remote-write to a workspace",
+    )
+    metrics.add_argument("--role", required=True, choices=["edge", "origin"])
+    metrics.add_argument("--instance", required=True, help="the instance label (<id>-<i-...>)")
+    metrics.add_argument("--region", required=True, help="this host's AWS region")
+    metrics.add_argument("--workspace", required=True, help="Amazon Managed Prometheus ws-...")
+    metrics.add_argument("--workspace-region", required=True, help="the workspace's region")
+    metrics.add_argument("--admin", help="the daemon's admin address (default: the schema's)")
+    metrics.set_defaults(handler=_init_metrics)
+
 
 def _init_edge(args: argparse.Namespace) -> int:
     defaults = host_init.EdgeChoices()
@@ -343,6 +356,22 @@ def _init_origin(args: argparse.Namespace) -> int:
 
 def _init_node(args: argparse.Namespace) -> int:
     return _write_init("node", host_init.node_files(), args)
+
+
+def _init_metrics(args: argparse.Namespace) -> int:
+    choices = host_init.MetricsChoices(
+        role=args.role,
+        instance=args.instance,
+        region=args.region,
+        workspace=args.workspace,
+        workspace_region=args.workspace_region,
+        admin=args.admin,
+    )
+    for path in host_init.write_host_files(
+        host_init.metrics_files(choices), args.out, force=args.force
+    ):
+        print(f"wrote {path}")
+    return 0
 
 
 def _write_init(role: str, files: list[host_init.HostFile], args: argparse.Namespace) -> int:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from geoedge import assets
-from geoedge.config import ConfigError, config_from_mapping
+from geoedge.config import ConfigError, config_from_mapping, schema_fields
 from geoedge.config_render import config_to_toml
 from geoedge.pki import write_file_atomically
 from geoedge.version import package_version
@@ -42,11 +42,13 @@ __all__ = [
     "EdgeChoices",
     "HostFile",
     "InitError",
+    "MetricsChoices",
     "OriginChoices",
     "defaults_toml",
     "edge_files",
     "install_steps",
     "load_schema",
+    "metrics_files",
     "node_files",
     "origin_files",
     "write_host_files",
@@ -304,6 +306,60 @@ def origin_files(choices: OriginChoices) -> list[HostFile]:
         _sysctl_file(),
         HostFile("cloud-init.yaml", user_data, 0o600, None),
     ]
+
+
+# ---------------------------------------------------------------------------- metrics
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsChoices:
+    """Where one host's Prometheus agent sends what it scrapes."""
+
+    role: Role
+    instance: str
+    """The ``instance`` label of every series: ``<edge or origin id>-<EC2 instance id>``."""
+    region: str
+    workspace: str
+    """The Amazon Managed Service for Prometheus workspace id (``ws-...``)."""
+    workspace_region: str
+    admin: str | None = None
+    """The daemon's admin address; default: the schema's."""
+
+
+def metrics_files(choices: MetricsChoices) -> list[HostFile]:
+    """``prometheus-agent.yml`` for this host and the ``/etc/default/prometheus``
+    that runs Debian's prometheus package as that agent."""
+    admin = choices.admin or _admin_default(choices.role)
+    url = (
+        f"https://aps-workspaces.{choices.workspace_region}.amazonaws.com/workspaces/"
+        f"{choices.workspace}/api/v1/remote_write"
+    )
+    text = assets.deploy_file("monitoring/prometheus-agent.yml").read_text()
+    _, _, body = text.partition("\nglobal:")
+    body = "global:" + body
+    for placeholder, value in (
+        ("GEOEDGE_ADMIN", admin),
+        ("GEOEDGE_INSTANCE", choices.instance),
+        ("GEOEDGE_REMOTE_WRITE", url),
+        ("GEOEDGE_WORKSPACE_REGION", choices.workspace_region),
+        ("GEOEDGE_REGION", choices.region),
+    ):
+        body = body.replace(placeholder, value)
+    config = f"# Written by `geoedge init metrics` (geoedge {package_version()}).\n" + body
+    arguments = (
+        "# Written by `geoedge init metrics`: Debian's prometheus as a scraping agent.\n"
+        'ARGS="--enable-feature=agent --config.file=/etc/prometheus/geoedge-agent.yml '
+        '--storage.agent.path=/var/lib/prometheus/agent"\n'
+    )
+    return [
+        HostFile("prometheus-agent.yml", config, 0o644, "/etc/prometheus/geoedge-agent.yml"),
+        HostFile("prometheus.default", arguments, 0o644, "/etc/default/prometheus"),
+    ]
+
+
+def _admin_default(role: Role) -> str:
+    admin = schema_fields(load_schema(role))["admin"].default
+    return str(admin.address)
 
 
 # ------------------------------------------------------------------------------- node

@@ -614,7 +614,7 @@ def test_health_checks_are_create_requests() -> None:
     checks = json.loads(HEALTHCHECKS.read_text())["HealthChecks"]
     references = [c["CallerReference"] for c in checks.values()]
     assert len(set(references)) == len(references), "CallerReference must be unique"
-    admin_port = parse_host_port(edge_example().admin.address)[1]
+    readiness = edge_example().http.readiness_path
     for name, request in checks.items():
         assert set(request) == {"CallerReference", "HealthCheckConfig"}, name
         check = request["HealthCheckConfig"]
@@ -623,10 +623,9 @@ def test_health_checks_are_create_requests() -> None:
         assert check["RequestInterval"] in {10, 30} and 1 <= check["FailureThreshold"] <= 10
         if check["Type"] == "TCP":
             assert "ResourcePath" not in check, name
-        else:
-            assert check["ResourcePath"].startswith("/"), name
-        if check.get("Port") == admin_port:
-            assert check["ResourcePath"] == "/healthz", name
+        else:  # the edge's own answer, on a traffic port: readiness, not a backend's
+            assert check["ResourcePath"] == readiness, name
+            assert check["Port"] in {80, 443}, name
 
 
 # -------------------------------------------------------------------------- README

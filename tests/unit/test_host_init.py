@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import re
+import shutil
 import stat
+import subprocess
 import tomllib
 import typing
 from pathlib import Path
@@ -292,3 +294,32 @@ def test_config_defaults_of_a_section_load_back_equal() -> None:
     section = "[http]\n" + text.split("\n[http]\n", 1)[1].split("\n[tunnel]\n", 1)[0]
     parsed = tomllib.loads(section)["http"]
     assert config_from_mapping(parsed, HttpConfig) == HttpConfig()
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool: make test installs it")
+@pytest.mark.parametrize(("role", "port"), [("edge", 7444), ("origin", 7445)])
+def test_init_metrics_writes_an_agent_config_prometheus_accepts(
+    role: str, port: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, _, err = run(
+        ["init", "metrics", "--out", str(tmp_path), "--role", role, "--instance", "x-i-0abc",
+         "--region", "ap-northeast-1", "--workspace", "ws-0123", "--workspace-region",
+         "eu-west-1"],
+        capsys,
+    )  # fmt: skip
+    assert status == 0, err
+    config = tmp_path / "prometheus-agent.yml"
+    check = subprocess.run(
+        ["promtool", "check", "config", "--agent", str(config)], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    data = yaml.safe_load(config.read_text())
+    [geoedge] = [job for job in data["scrape_configs"] if job["job_name"] == "geoedge"]
+    # It scrapes the address the daemon's admin listens on by default.
+    assert geoedge["static_configs"][0]["targets"] == [f"127.0.0.1:{port}"]
+    assert {r["replacement"] for r in geoedge["relabel_configs"]} == {"x-i-0abc"}
+    [write] = data["remote_write"]
+    assert write["url"].startswith("https://aps-workspaces.eu-west-1.amazonaws.com/")
+    assert "ws-0123" in write["url"] and write["sigv4"] == {"region": "eu-west-1"}
+    assert "GEOEDGE_" not in config.read_text().split("global:", 1)[1]
+    assert "--enable-feature=agent" in (tmp_path / "prometheus.default").read_text()
