@@ -247,16 +247,18 @@ class HttpConfig:
 
 @dataclass(frozen=True, slots=True)
 class LimitsConfig:
-    """Admission, per worker process (edge/admission.py): with N workers an
-    edge holds at most N times each cap."""
+    """Admission (edge/admission.py). The caps are per host: each of the N
+    workers enforces its share (the cap / N, rounded up), so the limit does not
+    grow with the instance size."""
 
     max_connections: int = 10_000
-    """Client connections one worker holds; past it new ones are closed right
+    """Client connections this edge holds; past it new ones are closed right
     after accept(), before any TLS handshake."""
     max_connections_per_client_ip: int = 1024
-    """Client connections from one address (after PROXY protocol) one worker
-    holds; past it new ones are closed at once. Generous by default: carrier
-    and office NAT put many users behind one address."""
+    """Client connections from one address (after PROXY protocol) this edge
+    holds; past it new ones are closed at once. The kernel spreads one
+    client's connections over the workers unevenly, so keep it generous (the
+    default is): carrier and office NAT put many users behind one address."""
     requests_per_s_per_client_ip: float = 0.0
     """Sustained requests a second from one address (token bucket); more get
     429 and a close. 0 turns the limit off."""

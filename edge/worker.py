@@ -37,6 +37,7 @@ from edge.services import ClientConnection, ClientFacts
 from edge.tls import CertificateStore
 from geoedge.logs import AccessLog, LogThrottle
 from geoedge.metrics import ProcessMetrics, Tally
+from geoedge.workers import resolve_worker_count, worker_share
 from tunnel.aio.stream import TunnelStream
 
 log = logging.getLogger("geoedge.edge")
@@ -88,8 +89,11 @@ class EdgeWorker:
         self.metrics = EdgeMetrics()
         self.process_metrics = ProcessMetrics("edge")
         limits = config.limits
+        # The caps are per host: this worker enforces its share.
+        workers = resolve_worker_count(config.edge.workers)
         self.admission = ConnectionAdmission(
-            limits.max_connections, limits.max_connections_per_client_ip
+            worker_share(limits.max_connections, workers),
+            worker_share(limits.max_connections_per_client_ip, workers),
         )
         self.request_rate = RequestRate(limits.requests_per_s_per_client_ip, limits.request_burst)
 

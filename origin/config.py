@@ -200,8 +200,10 @@ class PoolConfig:
     connect_retries: int = 2
     """Other backends tried when a connect fails (nothing was sent yet)."""
     max_connections_per_backend: int = 0
-    """Streams (requests) one worker sends to one backend at once; 0: no cap.
-    When every usable backend is at its cap, new streams queue (below)."""
+    """Streams (requests) this origin host sends to one backend at once; 0: no
+    cap. Divided among the workers (each enforces its share, rounded up), so
+    the limit does not grow with the instance size. When every usable backend
+    is at its cap, new streams queue (below)."""
     queue_timeout_s: float = 5.0
     """How long a stream may wait for a backend slot (HAProxy's timeout queue);
     past it the stream is reset with NO_BACKEND (the edge answers 503).
