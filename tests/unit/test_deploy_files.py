@@ -30,7 +30,7 @@ import pytest
 
 from edge.config import EdgeConfig
 from edge.tls import CertificateStore
-from geoedge import cli, pki
+from geoedge import cli, pki, release
 from geoedge.config import config_from_mapping, load_config
 from geoedge.listening import bind_listener
 from origin.config import AdminConfig as OriginAdminConfig
@@ -57,8 +57,6 @@ CLOUD_INIT = {
 RECORDS = DEPLOY / "dns" / "route53-latency-records.json"
 HEALTHCHECKS = DEPLOY / "dns" / "route53-healthchecks.json"
 README = DEPLOY / "README.md"
-#: Where the user data installs geoedge (the origin's unit runs it from there).
-VENV = "/opt/geoedge/venv"
 #: EC2's limit on user data, before base64 (the files are sent gzipped).
 USER_DATA_LIMIT_BYTES = 16 * 1024
 
@@ -509,28 +507,33 @@ def test_user_data_config_loads_and_its_files_are_written(
     needed = [v for v in _paths_in(config) if v.suffix == ".pem"]
     assert needed and all(str(p) in files for p in needed), needed
     commands = runcmd_lines(data)
-    assert f"python3 -m venv {VENV}" in commands
     # The release is a variable set in one place, a wheel URL.
     [env] = [line for line in files["/etc/geoedge/install.env"]["content"].splitlines()]
     name, _, url = env.partition("=")
     assert name == "GEOEDGE_WHEEL_URL" and re.fullmatch(r"https://\S+\.whl", url), env
-    install = (
-        f"sh -c . /etc/geoedge/install.env && {VENV}/bin/pip install --no-cache-dir "
-        '"$GEOEDGE_WHEEL_URL"'
-    )
-    assert install in commands
-    assert commands.index(install) > commands.index(f"python3 -m venv {VENV}")
+    # The one install path: the wheel's release tool, its lock, the current link.
+    [install] = [c for c in commands if "geoedge.release install" in c]
+    assert install == install_step("edge"), "the same install step on every host"
+    check = subprocess.run(["bash", "-n"], input=install, capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    assert "amazon-ssm-agent" in install.split("geoedge.release")[0]  # shell access first
     enable_daemon = f"systemctl enable --now geoedge-{role}.socket geoedge-{role}.service"
     assert enable_daemon in commands
-    assert "pip install geoedge" not in CLOUD_INIT[role].read_text(), "no such package on PyPI"
+    assert commands.index(install) < commands.index(enable_daemon)
+    assert "pip install" not in CLOUD_INIT[role].read_text(), "installs go through geoedge.release"
 
-    # The unit runs the command from the venv, directly or through a symlink.
+    # The unit runs the command the release tool links through /opt/geoedge/current.
     unit_text = files[f"/etc/systemd/system/geoedge-{role}.service"]["content"]
     [exec_start] = parse_unit(unit_text)["Service"]["ExecStart"]
     binary, *args = exec_start.split()
     assert args == ["--config", path]
-    in_venv = f"{VENV}/bin/geoedge-{role}"
-    assert binary == in_venv or f"ln -sf {in_venv} {binary}" in commands, binary
+    assert Path(binary) == release.DEFAULT_BIN_DIR / f"geoedge-{role}"
+    assert f"geoedge-{role}" in release.COMMANDS and "--bin-dir /usr/local/bin" in install
+
+
+def install_step(role: str) -> str:
+    [install] = [c for c in runcmd_lines(load_user_data(role)) if "geoedge.release" in c]
+    return install
 
 
 def test_origin_user_data_runs_the_sample_app_as_its_backends() -> None:
