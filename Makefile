@@ -14,7 +14,7 @@ NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
 LOCK := deploy/requirements.lock
 
-.PHONY: venv node tools test lint lock demo dist bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor wan drill restart-test apt-base soak clean
+.PHONY: venv node tools test lint lock docs demo dist bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor wan drill restart-test apt-base soak clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy), the WAN emulator (iptables, libnetfilter-queue), the
@@ -89,6 +89,10 @@ lock: venv
 	{ echo "# geoedge's runtime dependencies, exact versions with hashes (make lock)."; \
 	  echo "# Installed with: pip install --no-deps --require-hashes -r requirements.lock"; \
 	  cat $(LOCK).new; } > $(LOCK) && rm $(LOCK).new
+
+# The configuration reference, generated from the schemas (a test checks it is current).
+docs: venv
+	$(VENV)/bin/geoedge config --reference > docs/configuration.md
 
 lint: venv
 	$(VENV)/bin/ruff check .

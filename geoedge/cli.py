@@ -381,24 +381,37 @@ def _write_init(role: str, files: list[host_init.HostFile], args: argparse.Names
     for step in host_init.install_steps(role, files, args.out):
         print(f"  {step}")
     if role != "node":
-        print(f"EC2 user data instead: gzip -9 -c {args.out}/cloud-init.yaml (deploy/README.md)")
+        print(f"EC2 user data instead: gzip -9 -c {args.out}/cloud-init.yaml (docs/deployment.md)")
     return 0
 
 
 def _add_config(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    config = commands.add_parser("config", help="print the full default config of a daemon")
-    config.add_argument(
+    config = commands.add_parser(
+        "config", help="print a daemon's full default config, or the configuration reference"
+    )
+    what = config.add_mutually_exclusive_group(required=True)
+    what.add_argument(
         "--defaults",
-        required=True,
         choices=sorted(host_init.SCHEMAS),
         metavar="ROLE",
-        help="edge or origin: every key with its default, commented",
+        help="edge or origin: every key and table with its default, commented",
     )
-    config.set_defaults(handler=_config_defaults)
+    what.add_argument(
+        "--reference",
+        action="store_true",
+        help="every key of both daemons as Markdown (docs/configuration.md)",
+    )
+    config.set_defaults(handler=_config)
 
 
-def _config_defaults(args: argparse.Namespace) -> int:
-    sys.stdout.write(host_init.defaults_toml(args.defaults))
+def _config(args: argparse.Namespace) -> int:
+    if args.reference:
+        from geoedge.config_reference import reference_markdown
+
+        schemas = [(role, host_init.load_schema(role)) for role in ("edge", "origin")]
+        sys.stdout.write(reference_markdown(schemas))
+    else:
+        sys.stdout.write(host_init.defaults_toml(args.defaults))
     return 0
 
 

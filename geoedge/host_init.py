@@ -14,7 +14,7 @@ the shared runtime sits below the daemons (``edge`` and ``origin`` import it),
 and a tool here that renders their configs must not make that a circle.
 
 Paths: every file a config names lives under ``etc_dir`` (``/etc/geoedge``),
-with the names ``geoedge pki`` writes (deploy/README.md, section 3). Another
+with the names ``geoedge pki`` writes (docs/deployment.md, section 3). Another
 ``etc_dir`` is carried into the unit's ``--config`` and the cloud-init too, so
 the files stay consistent with each other.
 """
@@ -405,7 +405,7 @@ def _header(title: str, role: Role, etc: Path, needs: Sequence[str]) -> str:
         f"the defaults (`geoedge config --defaults {role}` prints them all).",
         f"Install as {etc}/{role}.toml (root:geoedge, mode 0640), then check it:",
         f"  geoedge-{role} --config {etc}/{role}.toml --check",
-        "It reads these files (deploy/README.md, sections 1-3):",
+        "It reads these files (docs/deployment.md, sections 1-3):",
         *(f"  {need}" for need in needs),
     ]
     return "".join(f"# {line}\n" for line in lines) + "\n"

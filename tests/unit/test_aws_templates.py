@@ -1,5 +1,5 @@
 """The CloudFormation templates in ``deploy/aws/``: clean under cfn-lint, and in
-agreement with the rest: the NLB as section 8 of deploy/README.md describes it,
+agreement with the rest: the NLB as section 8 of docs/deployment.md describes it,
 user data that is valid cloud-config and valid shell, whose ``geoedge init``
 renders a config naming exactly the certificate files it fetches, latency
 records whose health checks probe their own NLB, and a walk-through whose
@@ -374,6 +374,6 @@ def test_readme_walkthrough_deploys_both_templates_with_their_parameters() -> No
         "--template-file deploy/aws/edge-region.yaml",
         "--template-file deploy/aws/latency-dns.yaml",
     ]
-    section = text[text.index("## 13. Deploy to three regions") :]
+    section = text[text.index("## 11. Deploy to three regions") :]
     positions = [section.index(step) for step in steps]
     assert positions == sorted(positions)

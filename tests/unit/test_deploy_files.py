@@ -56,7 +56,7 @@ CLOUD_INIT = {
 }
 RECORDS = DEPLOY / "dns" / "route53-latency-records.json"
 HEALTHCHECKS = DEPLOY / "dns" / "route53-healthchecks.json"
-README = DEPLOY / "README.md"
+README = DEPLOY.parent / "docs" / "deployment.md"
 #: EC2's limit on user data, before base64 (the files are sent gzipped).
 USER_DATA_LIMIT_BYTES = 16 * 1024
 
@@ -318,7 +318,7 @@ def test_unit_passes_systemd_analyze_verify(unit: Path, tmp_path: Path) -> None:
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
 
 
-#: The exposure ``systemd-analyze security`` gives each unit (deploy/README.md
+#: The exposure ``systemd-analyze security`` gives each unit (docs/deployment.md
 #: records them); a change that loosens a unit must say so here.
 SECURITY_EXPOSURE = {EDGE_UNIT.name: 1.5, ORIGIN_UNIT.name: 1.1, NODE_UNIT.name: 1.2}
 
@@ -682,8 +682,12 @@ def test_readme_wireguard_snippet_fits_the_schemas() -> None:
 
 def test_readme_names_files_that_exist() -> None:
     text = README.read_text()
-    assert "loadtests/locustfile.py" in text
-    for name in re.findall(r"`((?:config|systemd|sysctl|cloud-init|dns|aws)/[\w.@-]+)`", text):
+    assert "loadtests/locustfile.py" in (DEPLOY.parent / "docs" / "operations.md").read_text()
+    names = re.findall(
+        r"`deploy/((?:config|systemd|sysctl|cloud-init|dns|aws|monitoring)/[\w.@-]+)`", text
+    )
+    assert len(names) > 10
+    for name in names:
         if DEPLOY / name == ORIGIN_UNIT or name == "config/origin.example.toml":
             continue  # another engineer's files, checked by their tests
         assert (DEPLOY / name).exists(), name

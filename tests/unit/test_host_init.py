@@ -323,3 +323,21 @@ def test_init_metrics_writes_an_agent_config_prometheus_accepts(
     assert "ws-0123" in write["url"] and write["sigv4"] == {"region": "eu-west-1"}
     assert "GEOEDGE_" not in config.read_text().split("global:", 1)[1]
     assert "--enable-feature=agent" in (tmp_path / "prometheus.default").read_text()
+
+
+def test_the_configuration_reference_in_docs_is_generated_and_current(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/configuration.md is what ``geoedge config --reference`` prints
+    (``make docs``), and it names every key of both schemas."""
+    status, out, _ = run(["config", "--reference"], capsys)
+    assert status == 0
+    committed = (DEPLOY.parent / "docs" / "configuration.md").read_text()
+    assert committed == out, "docs/configuration.md is stale: run make docs"
+    for role, schema in (("edge", EdgeConfig), ("origin", OriginConfig)):
+        section = out.split(f"## {role}.toml", 1)[1].split("\n## ", 1)[0]
+        for key in schema_key_paths(schema):
+            table, _, name = key.rpartition(".")
+            assert re.search(
+                rf"### `\[\[?{re.escape(table)}\]\]?`\n(.|\n)*?\| `{name}` \|", section
+            ), key
