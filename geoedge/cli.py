@@ -116,6 +116,16 @@ def _add_pki(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     peer.add_argument("--days", type=int, default=825)
     peer.set_defaults(handler=_pki_peer)
 
+    renew = sub.add_parser(
+        "renew",
+        help="issue tunnel certificates again: same identity, role and names, a new key",
+    )
+    renew.add_argument("--dir", required=True, type=Path, help="CA directory (old or new CA)")
+    renew.add_argument("files", nargs="+", type=Path, metavar="CERT", help="the .pem to renew")
+    renew.add_argument("--days", type=int, default=825)
+    renew.add_argument("--out-dir", type=Path, help="where to write (default: beside each file)")
+    renew.set_defaults(handler=_pki_renew)
+
     show = sub.add_parser("show", help="subject, SANs, identity and expiry of certificates")
     show.add_argument("files", nargs="+", type=Path, metavar="FILE")
     show.set_defaults(handler=_pki_show)
@@ -151,6 +161,14 @@ def _pki_peer(args: argparse.Namespace) -> int:
         days=args.days,
     )
     _print_written(paths)
+    return 0
+
+
+def _pki_renew(args: argparse.Namespace) -> int:
+    ca = pki.load_ca(args.dir)
+    for path in args.files:
+        paths = pki.renew_peer_cert(ca, path, days=args.days, out_dir=args.out_dir)
+        _print_written(paths)
     return 0
 
 
