@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.example_budget import examples
 from tests.mux_pair import SessionPair, Side
 from tunnel.mux import ErrorCode, SessionConfig, StreamClosedError, StreamMetadata
 from tunnel.mux.errors import MetadataError
@@ -41,7 +42,7 @@ SMALL = SessionConfig(
     stall_timeout_s=1e6,
 )
 PROPS = settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -288,7 +289,7 @@ def test_the_reader_frames_the_same_whatever_the_split(cuts: list[int]) -> None:
     assert len(whole) > 10
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.sampled_from(list(StreamInput)), max_size=8))
 def test_the_state_table_matches_a_two_flag_model(inputs: list[StreamInput]) -> None:
     """OPEN/HALF_CLOSED/CLOSED is (local ended, remote ended); DATA is allowed
@@ -346,7 +347,7 @@ def _items(encoded: bytes) -> list[bytes]:
     return items
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(meta=_METADATA, seed=st.integers(0, 2**32 - 1), twice=st.booleans())
 def test_metadata_decodes_the_same_in_any_order(
     meta: StreamMetadata, seed: int, twice: bool
