@@ -9,7 +9,7 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from edge.http1 import HttpLimits
 from geoedge.logs import parse_level
@@ -45,6 +45,10 @@ class EdgeSection:
     log_json: bool = True
     """JSON lines on stderr (journald); false for a plain line at a terminal
     (``--log-format`` overrides it)."""
+    access_log: str = "-"
+    """One JSON line per request: a file path (reopened on SIGUSR1, for
+    logrotate), ``-`` for stdout, or ``""`` for none. Where the origin has its
+    own, ``[origin] access_log`` (this was ``[http] access_log``)."""
 
     def __post_init__(self) -> None:
         if self.drain_websocket_window_s < 0 or self.drain_timeout_s < 0:
@@ -235,8 +239,6 @@ class HttpConfig:
     proxied like any other). The admin listener's ``/livez`` and ``/readyz``
     say the same per host."""
     limits: HttpLimits = field(default_factory=HttpLimits)
-    access_log: str = "-"
-    """File for JSON access-log lines; ``-`` is stdout, empty disables it."""
 
     def __post_init__(self) -> None:
         if self.readiness_path and (
@@ -300,6 +302,10 @@ class AdminConfig:
 
 @dataclass(frozen=True, slots=True)
 class EdgeConfig:
+    #: Old key paths that still load, with a deprecation warning naming the new
+    #: one (geoedge.config): the same names as the origin's for the same ideas.
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"http.access_log": "edge.access_log"}
+
     edge: EdgeSection
     tls: TlsConfig
     origins: tuple[OriginConfig, ...]

@@ -365,7 +365,7 @@ class _TrustCheckingConnection(Http1Connection):
 
 
 def _open_access_log(config: EdgeConfig) -> AccessLog | None:
-    target = config.http.access_log
+    target = config.edge.access_log
     if not target:
         return None
     return AccessLog(sys.stdout if target == "-" else target, edge_id=config.edge.id)

@@ -224,7 +224,7 @@ def edge_config_mapping(choices: EdgeChoices) -> dict[str, Any]:
     if choices.nlb_cidr is not None:
         listener |= {"proxy_protocol": True, "trusted_proxies": [choices.nlb_cidr]}
     return {
-        "edge": {"id": choices.edge_id},
+        "edge": {"id": choices.edge_id, "access_log": "/var/log/geoedge/access.log"},
         "listeners": [listener],
         "redirect": {"address": "0.0.0.0:80"},
         "tls": {
@@ -236,7 +236,6 @@ def edge_config_mapping(choices: EdgeChoices) -> dict[str, Any]:
                 }
             ]
         },
-        "http": {"access_log": "/var/log/geoedge/access.log"},
         "origins": origins,
         "tunnel": dict(LONG_LINK_TUNNEL),
     }

@@ -180,7 +180,7 @@ def test_edge_unit_runs_the_daemon_as_described() -> None:
     # The drain must finish (plus closing the tunnels) before systemd SIGKILLs.
     assert float(one(service, "TimeoutStopSec")) >= edge_example().edge.drain_timeout_s + 5
     # The access log is written where the unit allows writing.
-    access_log = Path(edge_example().http.access_log)
+    access_log = Path(edge_example().edge.access_log)
     assert access_log.is_relative_to(one(service, "ReadWritePaths"))
 
 

@@ -208,7 +208,8 @@ def test_config_defaults_prints_every_key_of_the_schema(
     assert status == 0
     # Uncommenting nothing, it is valid TOML; its values are the schema's defaults.
     data = tomllib.loads(out)
-    for name, f in schema.__dataclass_fields__.items():
+    for f in dataclasses.fields(schema):
+        name = f.name
         assert re.search(rf"^(# )?(\[+)?{name}\b", out, flags=re.MULTILINE), name
         if name in data and not isinstance(data[name], dict | list):
             assert data[name] == f.default
