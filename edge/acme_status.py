@@ -1,17 +1,16 @@
 """What an edge shows of the ACME certificates it holds (its store,
 :mod:`edge.acme_store`), read by the parent process when asked:
 
-- the fleet-wide certificate expiry metric, one series per certificate::
+- their expiry for :class:`geoedge.cert_expiry.CertificateWatch` (``extra``),
+  so they join the fleet-wide metric, one series per certificate::
 
       geoedge_certificate_expiry_timestamp_seconds{role="served", name, source}
 
-  with ``name`` its first DNS name and ``source`` ``acme:<id>``: the family
-  and labels every certificate a daemon serves or trusts is exported under
-  (branch ``fleet``'s :mod:`geoedge.cert_expiry` does the file certificates
-  and the tunnel's), so one alert rule (``GeoedgeCertificateExpiresSoon``,
-  deploy/monitoring/alerts.yml) covers certificates from files and from ACME,
-  per edge (``instance``) and per name;
-- the status page's "ACME certificates" table.
+  with ``name`` its first DNS name and ``source`` ``acme:<id>``: one alert
+  rule (``GeoedgeCertificateExpiresSoon``, deploy/monitoring/alerts.yml)
+  covers certificates from files and from ACME, per edge (``instance``) and
+  per name, and the status page's "Certificates" table lists them too;
+- the status page's "ACME certificates" table (serial, OCSP staple).
 
 The files are read, not the workers' memory: every worker stores a
 certificate before it serves it, and the store keeps the newest, so the
@@ -28,30 +27,17 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
-from geoedge.status_page import (
-    CERTIFICATE_BAD_DAYS,
-    CERTIFICATE_WARN_DAYS,
-    Cell,
-    Row,
-    Table,
-    expiry_cells,
-)
+from geoedge.cert_expiry import BAD_DAYS, WARN_DAYS, CertificateExpiry, expiry_cells
+from geoedge.status_page import Cell, Row, Table
 
-__all__ = ["METRIC", "HeldCertificate", "HeldCertificates"]
+__all__ = ["HeldCertificate", "HeldCertificates"]
 
 log = logging.getLogger("geoedge.edge.acme")
-
-#: The fleet-wide certificate expiry family (see the module docstring).
-METRIC = "geoedge_certificate_expiry_timestamp_seconds"
-_LABELS = ["role", "name", "source"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +50,7 @@ class HeldCertificate:
     """An OCSP response is stored beside it (``<id>.ocsp``)."""
 
 
-class HeldCertificates(Collector):
+class HeldCertificates:
     """The certificates in one edge's ACME store; see the module docstring."""
 
     def __init__(self, directory: Path) -> None:
@@ -111,19 +97,17 @@ class HeldCertificates(Collector):
         self._cache[path] = (key, held)
         return held
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily(
-            METRIC,
-            "When each certificate this daemon serves or trusts expires (notAfter, Unix time)",
-            labels=_LABELS,
-        )
-        for held in self.certificates():
-            name = held.names[0] if held.names else held.id
-            family.add_metric(["served", name, f"acme:{held.id}"], held.not_after)
-        yield family
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        yield GaugeMetricFamily(METRIC, "", labels=_LABELS)
+    def expiries(self) -> list[CertificateExpiry]:
+        """For :class:`geoedge.cert_expiry.CertificateWatch`: one per certificate."""
+        return [
+            CertificateExpiry(
+                "served",
+                held.names[0] if held.names else held.id,
+                f"acme:{held.id}",
+                held.not_after,
+            )
+            for held in self.certificates()
+        ]
 
     def table(self, now: float | None = None) -> Table:
         """The status page's table: soonest expiry first."""
@@ -149,7 +133,7 @@ class HeldCertificates(Collector):
             rows,
             note=f"Issued by the origin's ACME client and kept in {self.directory}."
             " The origin renews them (its status page says when, and any error)."
-            f" Warning below {CERTIFICATE_WARN_DAYS:.0f} days left, bad below"
-            f" {CERTIFICATE_BAD_DAYS:.0f}.",
+            f" Warning below {WARN_DAYS:.0f} days left, bad below"
+            f" {BAD_DAYS:.0f}.",
             empty="none received from the origin yet",
         )

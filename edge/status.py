@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 from edge.acme_status import HeldCertificates
 from edge.config import EdgeConfig
+from geoedge.cert_expiry import CertificateWatch, certificates_table
 from geoedge.status_page import Cell, Row, StatusPage, Table, cell
 from geoedge.status_window import MetricsWindow, workers_table
+from geoedge.version import package_version
 from geoedge.workers import SupervisorStatistics
 
 __all__ = ["EdgeStatus"]
@@ -27,6 +29,7 @@ class EdgeStatus:
     config: EdgeConfig
     window: MetricsWindow
     supervisor: Callable[[], SupervisorStatistics]
+    certificates: CertificateWatch | None = None
     #: The ACME certificates the edge holds ([acme] enabled), for their table.
     acme: HeldCertificates | None = None
 
@@ -41,6 +44,7 @@ class EdgeStatus:
         errors = sum(rate for (status,), rate in requests.items() if status.startswith("5"))
         facts = [
             ("edge", Cell(self.config.edge.id)),
+            ("version", Cell(package_version())),
             ("state", Cell("draining", "warn") if stats.stopping else Cell("serving", "ok")),
             ("workers", Cell(f"{stats.running}/{stats.target}", "" if stats.running else "bad")),
             ("requests", cell(total, "/s")),
@@ -51,6 +55,7 @@ class EdgeStatus:
             f"geoedge edge {self.config.edge.id}",
             facts,
             [self._tunnels(), self._phases(), self._errors(), self._workers()]
+            + ([certificates_table(self.certificates)] if self.certificates else [])
             + ([self.acme.table()] if self.acme is not None else []),
         )
 

@@ -13,21 +13,10 @@ Everything a daemon puts in the model is text; the renderer escapes all of it.
 from __future__ import annotations
 
 import html
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = [
-    "Action",
-    "Cell",
-    "Row",
-    "StatusPage",
-    "Table",
-    "expiry_cells",
-    "render",
-    "render_main",
-    "utc",
-]
+__all__ = ["Action", "Cell", "Row", "StatusPage", "Table", "render", "render_main"]
 
 REFRESH_S = 5
 
@@ -98,27 +87,6 @@ def cell(
     elif warn is not None and value >= warn:
         tone = "warn"
     return Cell(text, tone)
-
-
-#: Days left below which a certificate's cell is a warning, and bad (ACME renews
-#: at 30 days left of 90: below 21, renewal has been failing for 9 days).
-CERTIFICATE_WARN_DAYS = 21.0
-CERTIFICATE_BAD_DAYS = 7.0
-
-
-def expiry_cells(not_after: float, now: float) -> tuple[Cell, Cell]:
-    """A certificate's end (UTC) and the time it has left, toned by how little."""
-    days = (not_after - now) / 86400
-    left = "expired" if days < 0 else f"{days:.0f} days" if days >= 2 else f"{days:.1f} days"
-    tone = (
-        "bad" if days < CERTIFICATE_BAD_DAYS else "warn" if days < CERTIFICATE_WARN_DAYS else "ok"
-    )
-    return Cell(utc(not_after)), Cell(left, tone)
-
-
-def utc(timestamp: float) -> str:
-    """A Unix time as the status pages show it."""
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(timestamp))
 
 
 def _bytes(value: float) -> str:

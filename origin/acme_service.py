@@ -19,7 +19,8 @@ from typing import Any
 from aiohttp import web
 
 from geoedge.acme_wire import encode
-from geoedge.status_page import Cell, Row, Table, expiry_cells, utc
+from geoedge.cert_expiry import expiry_cells, utc
+from geoedge.status_page import Cell, Row, Table
 from origin.acme.broadcast import EdgeReply
 from origin.acme.config import AcmeConfig
 from origin.acme.manager import AcmeManager

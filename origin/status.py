@@ -12,8 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from geoedge.cert_expiry import CertificateWatch, certificates_table
 from geoedge.status_page import Action, Cell, Row, StatusPage, Table, cell
 from geoedge.status_window import MetricsWindow, workers_table
+from geoedge.version import package_version
 from origin.control import ControlPlane
 
 __all__ = ["OriginStatus"]
@@ -29,6 +31,7 @@ class OriginStatus:
     control: ControlPlane
     #: (workers running, workers wanted, draining)
     workers: Callable[[], tuple[int, int, bool]]
+    certificates: CertificateWatch | None = None
     #: The ACME certificates' table ([acme] configured).
     acme: Callable[[], Table] | None = None
 
@@ -42,6 +45,7 @@ class OriginStatus:
         failures = sum(w.rate("geoedge_origin_stream_failures_total", ()).values())
         facts = [
             ("origin", Cell(self.origin_id)),
+            ("version", Cell(package_version())),
             ("state", Cell("draining", "warn") if draining else Cell("serving", "ok")),
             ("workers", Cell(f"{running}/{target}", "" if running else "bad")),
             ("streams", cell(streams, "/s")),
@@ -53,6 +57,7 @@ class OriginStatus:
             f"geoedge origin {self.origin_id}",
             facts,
             [self._edges(), self._backends(), self._failures(), workers_table(w, "origin")]
+            + ([certificates_table(self.certificates)] if self.certificates else [])
             + ([self.acme()] if self.acme is not None else []),
         )
 

@@ -72,8 +72,8 @@ def declared_names() -> set[str]:
     (a labelled series with no sample yet is not in a scrape, but is declared)."""
     from prometheus_client import REGISTRY, CollectorRegistry
 
-    from edge.acme_status import HeldCertificates
     from edge.metrics import EdgeMetrics
+    from geoedge.cert_expiry import CertificateWatch
     from geoedge.metrics import ProcessMetrics
     from origin.metrics import ControlMetrics, WorkerMetrics
 
@@ -82,9 +82,9 @@ def declared_names() -> set[str]:
     registries = [REGISTRY, EdgeMetrics(CollectorRegistry()).registry]
     registries.append(WorkerMetrics(CollectorRegistry()).registry)
     registries.append(ControlMetrics(CollectorRegistry()).registry)
-    held = CollectorRegistry()
-    held.register(HeldCertificates(Path("/nonexistent")))  # the family, with no sample
-    registries.append(held)
+    certificates = CollectorRegistry()
+    certificates.register(CertificateWatch([]))
+    registries.append(certificates)
     for registry in registries:
         for family in registry.collect():
             name = family.name

@@ -1,7 +1,8 @@
 """What the daemons show of their ACME certificates, without a CA: the edge's
-held certificates as the fleet-wide expiry metric and a status table (an
-expired one stays listed), and the origin's per-certificate rows (expiry,
-renewal due, the edges' answers, the last error)."""
+held certificates in the fleet-wide expiry metric and table
+(geoedge/cert_expiry.py) and in their own table (an expired one stays
+listed), and the origin's per-certificate rows (expiry, renewal due, the
+edges' answers, the last error)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from edge.acme_status import METRIC, HeldCertificates
+from edge.acme_status import HeldCertificates
 from edge.acme_store import AcmeStore
 from geoedge import pki
+from geoedge.cert_expiry import METRIC, CertificateWatch, certificates_table
 from origin.acme.config import AcmeCertificateConfig, AcmeConfig
 from origin.acme.files import IssuedCertificate
 from origin.acme_service import AcmeService
@@ -41,8 +43,9 @@ def test_the_edge_exports_and_lists_what_its_store_holds(
     (store.directory / "broken.pem").write_text("not a certificate")
     held = HeldCertificates(store.directory)
 
+    watch = CertificateWatch([], held.expiries)  # as the edge's parent has it
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(held)
+    registry.register(watch)
     text = generate_latest(registry).decode()
     samples = {
         line.split(" ")[0]: float(line.split(" ")[1])
@@ -53,6 +56,13 @@ def test_the_edge_exports_and_lists_what_its_store_holds(
         f'{METRIC}{{name="api.example.com",role="served",source="acme:api"}}': api.not_after,
         f'{METRIC}{{name="web.example.com",role="served",source="acme:web"}}': web.not_after,
     }
+
+    # The fleet-wide table lists them too.
+    listed = [[c.text for c in row.cells[:3]] for row in certificates_table(watch).rows]
+    assert listed == [
+        ["served", "api.example.com", "acme:api"],
+        ["served", "web.example.com", "acme:web"],
+    ]
 
     table = held.table()
     assert [row.cells[0].text for row in table.rows] == ["api", "web"]  # soonest first
