@@ -73,7 +73,8 @@ class CertificateState:
     edges: dict[str, str] = field(default_factory=dict)
     """Each edge's answer to the current certificate (``applied``, ...)."""
     forced: bool = False
-    """A renewal was asked for (``renew --force``): due until one succeeds."""
+    """A renewal was asked for (``renew --force``), or the stored certificate
+    came from another CA (staging, before production): due until one succeeds."""
     ocsp: OcspAnswer | None = None
     """The OCSP response stapled with it (:mod:`origin.acme.stapling`)."""
     ocsp_at: float = math.inf
@@ -150,6 +151,11 @@ class AcmeManager:
             if state.issued is not None:
                 self._schedule(state, None)
                 self._load_ocsp(state)
+                issuer = self.files.issued_by(state.spec.id)
+                if issuer is not None and issuer != self.config.directory:
+                    log.info("ACME: %s came from %s: issuing it from %s", state.spec.id,
+                             issuer, self.config.directory)  # fmt: skip
+                    state.forced = True
         self._on_certificates(self.messages())
         self._on_change(self)
         self._task = asyncio.get_running_loop().create_task(self._run())
