@@ -6,7 +6,10 @@ UPSERT or DELETE, and the wait for INSYNC."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -116,6 +119,40 @@ def test_the_apex_and_the_wildcard_share_one_record_set_in_the_longest_public_zo
         await provider.remove_txt(NAME, "apex")
 
     run_async(scenario(), 10)
+
+
+def test_the_iam_policy_in_the_docs_allows_exactly_the_calls_made(
+    client: tuple[Any, Stubber],
+) -> None:
+    """docs/acme.md's policy: every Route 53 action the provider calls, no other."""
+    boto, stubber = client
+    called: set[str] = set()
+    boto.meta.events.register(
+        "before-parameter-build.route53", lambda model, **_: called.add(f"route53:{model.name}")
+    )
+    provider = Route53Provider(DnsConfig(), client=boto)
+    stubber.add_response("list_hosted_zones", ZONES, {})
+    change(stubber, "ZEXAMPLE", "UPSERT", ["v"], ("PENDING", "INSYNC"))
+    stubber.add_response("list_hosted_zones", ZONES, {})
+    change(stubber, "ZEXAMPLE", "DELETE", ["v"], ("INSYNC",))
+
+    async def scenario() -> None:
+        await provider.add_txt(NAME, "v")
+        await provider.remove_txt(NAME, "v")
+
+    run_async(scenario(), 10)
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "acme.md").read_text()
+    [policy] = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", docs, re.S)]
+    allowed = {s["Action"] for s in policy["Statement"]}
+    assert (
+        called
+        == allowed
+        == {
+            "route53:ChangeResourceRecordSets",
+            "route53:GetChange",
+            "route53:ListHostedZones",
+        }
+    )
 
 
 def test_a_configured_zone_is_used_as_given(client: tuple[Any, Stubber]) -> None:
