@@ -176,13 +176,12 @@ def _with_examples(role: str, mapping: dict[str, Any]) -> dict[str, Any]:
     if role == "origin":
         [pool] = mapping["pools"]
         pool["dns"] = {"name": "app.service.consul", "type": "A", "port": 3000}
-        mapping |= _acme(
-            OriginChoices(
-                acme_domains=("app.example.com", "*.app.example.com"),
-                acme_contact=("ops@example.com",),
-                acme_agree_terms=True,
-            )
-        )
+        mapping["acme"] = {
+            "contact": ["mailto:ops@example.com"],
+            "agree_to_terms": True,
+            "certificates": [{"id": "app", "domains": ["app.example.com", "*.app.example.com"]}],
+            "dns": {"provider": "route53"},
+        }
     return mapping
 
 
