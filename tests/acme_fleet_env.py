@@ -40,6 +40,15 @@ EDGES = {"a": ("127.0.0.2", "edge"), "b": ("127.0.0.3", "edge2")}
 #: The identities (tunnel certificates) of edges a and b.
 EDGE_IDS = {"a": "edge-1", "b": "edge-2"}
 
+#: The name of the one certificate most tests keep issued, proven by HTTP-01.
+WEB = "web.geoedge.test"
+WEB_CERTIFICATE = """
+[[acme.certificates]]
+id = "web"
+domains = ["web.geoedge.test"]
+challenge_types = ["http-01"]
+"""
+
 #: An edge's log line for a tunnel connection that came up (tunnel.aio.pool).
 TUNNEL_UP = re.compile(r"^(\S+) INFO +geoedge\.tunnel: tunnel \S+ slot \d+: up to ")
 

@@ -16,25 +16,17 @@ from pathlib import Path
 import pytest
 
 from tests.acme_env import OcspResponder
-from tests.acme_fleet_env import acme_fleet
+from tests.acme_fleet_env import WEB, WEB_CERTIFICATE, acme_fleet
 from tests.conftest import PkiFiles, scaled
 from tests.tunnel_env import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
 
-NAME = "web.geoedge.test"
-CERTIFICATE = """
-[[acme.certificates]]
-id = "web"
-domains = ["web.geoedge.test"]
-challenge_types = ["http-01"]
-"""
-
 
 def s_client_status(address: str, port: int, root: Path) -> str:
-    """What ``openssl s_client -status`` shows of the edge's staple for NAME."""
+    """What ``openssl s_client -status`` shows of the edge's staple for WEB."""
     done = subprocess.run(
-        ["openssl", "s_client", "-connect", f"{address}:{port}", "-servername", NAME,
+        ["openssl", "s_client", "-connect", f"{address}:{port}", "-servername", WEB,
          "-status", "-CAfile", str(root), "-verify_return_error"],
         input="", capture_output=True, text=True, timeout=scaled(20), check=False,
     )  # fmt: skip
@@ -49,9 +41,9 @@ def test_the_origin_fetches_the_ocsp_response_and_the_edges_staple_it(
     with acme_fleet(test_pki, tmp_path, ocsp_url=f"http://127.0.0.1:{ocsp_port}/") as fleet:
         responder = OcspResponder(fleet.ca, ocsp_port)
         try:
-            fleet.ca.point(NAME, "127.0.0.2")
+            fleet.ca.point(WEB, "127.0.0.2")
             fleet.start_edge("a")
-            fleet.start_origin(CERTIFICATE)
+            fleet.start_origin(WEB_CERTIFICATE)
             serial = fleet.wait_applied("web", ("a",), 120)
             entry = fleet.certificate("web")
             assert entry["ocsp"] == "good" and entry["ocsp_next_update"], entry

@@ -29,19 +29,20 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from tests.acme_fleet_env import EDGES, AcmeFleet, acme_fleet, handshake_serial, wait_until
+from tests.acme_fleet_env import (
+    EDGES,
+    WEB,
+    WEB_CERTIFICATE,
+    AcmeFleet,
+    acme_fleet,
+    handshake_serial,
+    wait_until,
+)
 from tests.conftest import PkiFiles, scaled
 from tests.edge_env import node_available
 
 pytestmark = pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed")
 
-NAME = "web.geoedge.test"
-CERTIFICATE = """
-[[acme.certificates]]
-id = "web"
-domains = ["web.geoedge.test"]
-challenge_types = ["http-01"]
-"""
 #: Each load client's bounds: requests, and seconds (scaled).
 MAX_REQUESTS = 20_000
 MAX_LOAD_S = 120.0
@@ -75,7 +76,7 @@ def load(fleet: AcmeFleet, client: Client, root: str, stop: threading.Event) -> 
                 started = time.time()
                 raw = socket.create_connection((address, fleet.https), timeout=10)
                 try:
-                    tls = context.wrap_socket(raw, server_hostname=NAME)  # SNI: the issued name
+                    tls = context.wrap_socket(raw, server_hostname=WEB)  # SNI: the issued name
                 except BaseException:
                     raw.close()
                     raise
@@ -84,7 +85,7 @@ def load(fleet: AcmeFleet, client: Client, root: str, stop: threading.Event) -> 
                 assert der is not None
                 serial = x509.load_der_x509_certificate(der).serial_number
                 client.handshakes.append((started, time.time(), serial))
-            conn.request("GET", "/health", headers={"Host": NAME})
+            conn.request("GET", "/health", headers={"Host": WEB})
             response = conn.getresponse()
             body = response.read()
             if response.status != 200 or body != b"ok":
@@ -106,10 +107,10 @@ def load(fleet: AcmeFleet, client: Client, root: str, stop: threading.Event) -> 
 
 def test_a_forced_renewal_under_load_fails_no_request(test_pki: PkiFiles, tmp_path: Path) -> None:
     with acme_fleet(test_pki, tmp_path, node=True) as fleet:
-        fleet.ca.point(NAME, "127.0.0.2")  # the CA validates through edge A
+        fleet.ca.point(WEB, "127.0.0.2")  # the CA validates through edge A
         for name in EDGES:
             fleet.start_edge(name)
-        fleet.start_origin(CERTIFICATE)
+        fleet.start_origin(WEB_CERTIFICATE)
         old_serial = fleet.wait_applied("web", ("a", "b"), 120)
         root = fleet.ca.root_pem()
 
@@ -173,16 +174,16 @@ def test_a_forced_renewal_under_load_fails_no_request(test_pki: PkiFiles, tmp_pa
                 assert late and set(late) == {new_serial}, c.edge
             assert during, f"{c.edge}: no request completed during the renewal"
         for edge in EDGES:
-            assert handshake_serial(fleet.address(edge), fleet.https, NAME, root) == new_serial
+            assert handshake_serial(fleet.address(edge), fleet.https, WEB, root) == new_serial
 
 
 def test_an_edge_started_after_issuance_serves_the_certificate_within_a_second(
     test_pki: PkiFiles, tmp_path: Path
 ) -> None:
     with acme_fleet(test_pki, tmp_path) as fleet:
-        fleet.ca.point(NAME, "127.0.0.2")
+        fleet.ca.point(WEB, "127.0.0.2")
         fleet.start_edge("a")
-        fleet.start_origin(CERTIFICATE)
+        fleet.start_origin(WEB_CERTIFICATE)
         serial = fleet.wait_applied("web", ("a",), 120)
         root = fleet.ca.root_pem()
 
@@ -196,7 +197,7 @@ def test_an_edge_started_after_issuance_serves_the_certificate_within_a_second(
             deadline = time.monotonic() + scaled(60)
             while not stop.is_set() and time.monotonic() < deadline and len(results) < 50_000:
                 try:
-                    ok = handshake_serial(fleet.address("b"), fleet.https, NAME, root, 2) == serial
+                    ok = handshake_serial(fleet.address("b"), fleet.https, WEB, root, 2) == serial
                 except (OSError, ssl.SSLError):
                     ok = False
                 results.append((time.time(), ok))
