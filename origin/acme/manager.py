@@ -33,19 +33,20 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from geoedge.acme_wire import CertificateSet
+from geoedge.acme_wire import encode as encode_message
 from origin.acme import stapling
 from origin.acme.broadcast import Broadcaster, by_edge, confirmed_edges, summary
 from origin.acme.client import AcmeClient, AcmeError
-from origin.acme.config import AcmeCertificateConfig, AcmeConfig, DnsConfig
+from origin.acme.config import AcmeConfig, DnsConfig
 from origin.acme.dns import ChalltestsrvProvider, DnsError, DnsProvider
-from origin.acme.files import AcmeFiles, FilesError, IssuedCertificate
+from origin.acme.files import AcmeFiles, FilesError
 from origin.acme.issuer import Issuer
-from origin.acme.ocsp import OcspAnswer, OcspError, check_response, refresh_at
+from origin.acme.ocsp import OcspError, check_response, refresh_at
 from origin.acme.schedule import next_attempt, renew_at
+from origin.acme.state import CertificateState, iso
 from tunnel.policy import Backoff
 
 __all__ = ["AcmeManager", "CertificateState"]
@@ -54,55 +55,6 @@ log = logging.getLogger("geoedge.origin.acme")
 
 #: How long ARI's answer is trusted at most before it is asked again.
 ARI_RECHECK_MAX_S = 6 * 3600.0
-
-
-@dataclass(slots=True)
-class CertificateState:
-    """What the manager knows of one configured certificate."""
-
-    spec: AcmeCertificateConfig
-    issued: IssuedCertificate | None = None
-    renew_at: float | None = None
-    """When it is due (ARI's time, or the lifetime fraction); None: now."""
-    ari_recheck_at: float = 0.0
-    next_try: float = 0.0
-    """Not before this (backoff after a failure)."""
-    failures: int = 0
-    last_error: str = ""
-    last_success: float | None = None
-    edges: dict[str, str] = field(default_factory=dict)
-    """Each edge's answer to the current certificate (``applied``, ...)."""
-    forced: bool = False
-    """A renewal was asked for (``renew --force``), or the stored certificate
-    came from another CA (staging, before production): due until one succeeds."""
-    ocsp: OcspAnswer | None = None
-    """The OCSP response stapled with it (:mod:`origin.acme.stapling`)."""
-    ocsp_at: float = math.inf
-    """When to fetch the next OCSP response (``inf``: never)."""
-    ocsp_failures: int = 0
-    ocsp_note: str = ""
-
-    def due(self, now: float) -> bool:
-        if now < self.next_try:
-            return False
-        if self.forced or self.issued is None:
-            return True
-        if set(self.issued.names) != set(self.spec.domains):
-            return True
-        return self.renew_at is None or now >= self.renew_at
-
-    def wakes_at(self) -> float:
-        if self.forced or self.issued is None or self.renew_at is None:
-            return self.next_try
-        renewal = max(self.next_try, min(self.renew_at, self.ari_recheck_at or self.renew_at))
-        return min(renewal, self.ocsp_at)
-
-    def message(self) -> CertificateSet | None:
-        """What the edges are sent of it: the certificate, its key, its staple."""
-        if self.issued is None:
-            return None
-        ocsp = None if self.ocsp is None else self.ocsp.der
-        return CertificateSet(self.spec.id, self.issued.chain, self.issued.key, ocsp)
 
 
 class AcmeManager:
@@ -174,20 +126,28 @@ class AcmeManager:
 
     async def _run(self) -> None:
         while True:
-            now = self._clock()
-            for state in self.states.values():
-                if state.due(now):
-                    async with self._lock:
-                        await self._attempt(state)
-                else:
-                    if state.issued is not None and now >= state.ari_recheck_at:
-                        await self._refresh_ari(state)
-                    if state.issued is not None and now >= state.ocsp_at:
-                        await self._refresh_ocsp(state, distribute=True)
-            wake = min(state.wakes_at() for state in self.states.values())
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.05, wake - self._clock()))
+            try:
+                await self._turn()
+            except Exception:  # a bug here must not end every renewal for good
+                log.exception("ACME: the renewal loop failed; going on in a minute")
+                await asyncio.sleep(60.0)
+
+    async def _turn(self) -> None:
+        """Renew what is due, refresh ARI and OCSP, then sleep until the next due time."""
+        now = self._clock()
+        for state in self.states.values():
+            if state.due(now):
+                async with self._lock:
+                    await self._attempt(state)
+            else:
+                if state.issued is not None and now >= state.ari_recheck_at:
+                    await self._refresh_ari(state)
+                if state.issued is not None and now >= state.ocsp_at:
+                    await self._refresh_ocsp(state, distribute=True)
+        wake = min(state.wakes_at() for state in self.states.values())
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), max(0.05, wake - self._clock()))
 
     async def renew(self, certificate_id: str | None = None) -> list[dict[str, Any]]:
         """Renew now (``geoedge acme renew --force``): one attempt for the named
@@ -204,7 +164,7 @@ class AcmeManager:
             async with self._lock:
                 await self._attempt(state)
         self._wake.set()
-        return [self._status_of(state) for state in chosen]
+        return [state.as_json() for state in chosen]
 
     async def _connected(self) -> Issuer:
         if self._issuer is not None:
@@ -251,7 +211,7 @@ class AcmeManager:
         state.last_error = ""
         state.next_try = 0.0
         state.last_success = self._clock()
-        log.info("ACME: %s issued, valid until %s", spec.id, _iso(issued.not_after))
+        log.info("ACME: %s issued, valid until %s", spec.id, iso(issued.not_after))
         self._schedule(state, None)
         await self._refresh_ari(state)
         state.ocsp, state.ocsp_failures = None, 0
@@ -262,9 +222,10 @@ class AcmeManager:
 
     async def _distribute(self, state: CertificateState) -> None:
         message = state.message()
-        assert self._issuer is not None and state.issued is not None and message is not None
+        assert state.issued is not None and message is not None
         issued = state.issued
-        replies = await self._issuer.send(message)
+        kind, body = encode_message(message)
+        replies = await self._broadcaster(kind, body, self.config.edge_ack_timeout_s)
         state.edges = by_edge(replies)
         problems = summary(replies)
         confirmed = sorted(confirmed_edges(replies))
@@ -356,27 +317,7 @@ class AcmeManager:
         return {
             "directory": self.config.directory,
             "account": self.account_url or self.files.account_url(),
-            "certificates": [self._status_of(state) for state in self.states.values()],
-        }
-
-    def _status_of(self, state: CertificateState) -> dict[str, Any]:
-        issued = state.issued
-        return {
-            "id": state.spec.id,
-            "domains": list(state.spec.domains),
-            "not_after": None if issued is None else _iso(issued.not_after),
-            "not_after_ts": None if issued is None else issued.not_after,
-            "serial": None if issued is None else f"{issued.leaf.serial_number:x}",
-            "renew_at": None if state.renew_at is None else _iso(state.renew_at),
-            "failures": state.failures,
-            "last_error": state.last_error,
-            "next_try": None if not state.next_try else _iso(state.next_try),
-            "last_success": None if state.last_success is None else _iso(state.last_success),
-            "edges": dict(state.edges),
-            "ocsp": state.ocsp_note or None,
-            "ocsp_next_update": None
-            if state.ocsp is None or state.ocsp.next_update is None
-            else _iso(state.ocsp.next_update),
+            "certificates": [state.as_json() for state in self.states.values()],
         }
 
 
@@ -387,10 +328,6 @@ def make_provider(config: DnsConfig) -> DnsProvider:
     from origin.acme.route53 import Route53Provider  # boto3 only where it is used
 
     return Route53Provider(config)
-
-
-def _iso(timestamp: float) -> str:
-    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(timespec="seconds")
 
 
 def _timestamp(moment: datetime.datetime) -> float:

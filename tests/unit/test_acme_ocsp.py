@@ -5,11 +5,13 @@ fetch."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import math
 import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -19,9 +21,15 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509 import ocsp
 from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID, NameOID
 
+from geoedge.acme_wire import CertificateSet, decode
+from origin.acme.broadcast import EdgeReply
+from origin.acme.config import AcmeCertificateConfig, AcmeConfig
+from origin.acme.files import AcmeFiles, IssuedCertificate
+from origin.acme.manager import AcmeManager
 from origin.acme.ocsp import OcspError, check_response, refresh_at, request_der, responder_url
 from origin.acme.stapling import NO_RESPONDER, refresh
-from tests.conftest import run_async
+from tests.conftest import run_async, scaled
+from tests.tunnel_env import free_port
 
 NOW = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
 Key = ec.EllipticCurvePrivateKey
@@ -47,6 +55,10 @@ def certificate(
         .not_valid_after(NOW + datetime.timedelta(days=90))
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
     )
+    if not ca:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(subject)]), critical=False
+        )
     if ocsp_url:
         access = x509.AccessDescription(
             AuthorityInformationAccessOID.OCSP, x509.UniformResourceIdentifier(ocsp_url)
@@ -63,7 +75,9 @@ class Pki:
         self.ca_key = ec.generate_private_key(ec.SECP256R1())
         self.ca = certificate("Test CA", self.ca_key, None, ca=True)
         self.leaf_key = ec.generate_private_key(ec.SECP256R1())
-        self.leaf = certificate("web", self.leaf_key, (self.ca, self.ca_key), ocsp_url=ocsp_url)
+        self.leaf = certificate(
+            "web.example.com", self.leaf_key, (self.ca, self.ca_key), ocsp_url=ocsp_url
+        )
 
     @property
     def chain(self) -> str:
@@ -208,5 +222,55 @@ def test_refresh_staples_good_renews_revoked_and_retries_the_rest() -> None:
         down = await refresh("web", pki.chain, 0, now, 5, rng)
         assert down.answer is None and down.note.startswith("error:")
         assert now < down.next_at <= now + 60
+
+    run_async(scenario(), 30)
+
+
+def test_a_restarted_origin_fetches_and_sends_a_staple_without_asking_the_ca(
+    tmp_path: Path,
+) -> None:
+    """A stored certificate without a stored response (and ARI off, the CA
+    unreachable): the manager fetches the response and sends the certificate
+    with it to the edges, without an ACME connection to the CA."""
+    sent: list[CertificateSet] = []
+
+    async def edges(kind: int, body: bytes, timeout_s: float) -> list[EdgeReply]:
+        message = decode(kind, body)
+        assert isinstance(message, CertificateSet)
+        sent.append(message)
+        return [EdgeReply("edge-1", "c1", "applied")]
+
+    async def scenario() -> None:
+        holder: list[Pki] = []
+        async with responder(lambda _: holder[0].response()) as url:
+            pki = Pki(ocsp_url=url)
+            holder.append(pki)
+            config = AcmeConfig(
+                certificates=(AcmeCertificateConfig("web", ("web.example.com",)),),
+                directory_url=f"https://127.0.0.1:{free_port()}/dir",  # nobody: the CA down
+                state_dir=tmp_path / "state",
+                use_ari=False,
+            )
+            files = AcmeFiles(config.state_dir, config.directory)
+            files.prepare()
+            key = pki.leaf_key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            ).decode()
+            files.save_certificate(IssuedCertificate("web", pki.chain, key))
+            manager = AcmeManager(config, edges)
+            await manager.start()
+            try:
+                deadline = asyncio.get_running_loop().time() + scaled(10)
+                while not sent and asyncio.get_running_loop().time() < deadline:
+                    await asyncio.sleep(0.02)
+            finally:
+                await manager.close()
+            assert sent and sent[0].ocsp is not None
+            assert check_response(sent[0].ocsp, pki.chain, NOW.timestamp()).status == "good"
+            assert files.ocsp("web") == sent[0].ocsp  # stored for the next start
+            assert manager.states["web"].as_json()["ocsp"] == "good"
+            assert manager.states["web"].failures == 0  # no attempt at the CA
 
     run_async(scenario(), 30)
