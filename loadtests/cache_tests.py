@@ -259,7 +259,8 @@ def run_suite(cache_config: str, workers: int = 1) -> tuple[Score, dict[str, obj
 
 
 def report(result: Score) -> str:
-    lines = [f"cache-tests {SUITE_VERSION}: {result.passed} of {result.required} required tests pass"]
+    passed, required = result.passed, result.required
+    lines = [f"cache-tests {SUITE_VERSION}: {passed} of {required} required tests pass"]
     for test_id, why in sorted(result.failing.items()):
         lines.append(f"  not passed: {test_id}: {why}")
     tally: dict[str, int] = {}
