@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from edge.cache.config import CacheConfig, CompressionConfig
 from edge.http1 import HttpLimits
 from geoedge.logs import parse_level
 from tunnel.aio.transport import TunnelDialConfig, parse_host_port
@@ -287,6 +288,8 @@ class EdgeConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     tunnel: SessionConfig = field(default_factory=SessionConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
 
     def __post_init__(self) -> None:
         if not self.origins:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from edge.admission import ConnectionAdmission, RequestRate
+from edge.cache import EdgeCache
 from edge.config import EdgeConfig, ListenerConfig
 from edge.deadlines import Deadlines
 from edge.exchange import RequestRecord
@@ -92,6 +93,14 @@ class EdgeWorker:
             limits.max_connections, limits.max_connections_per_client_ip
         )
         self.request_rate = RequestRate(limits.requests_per_s_per_client_ip, limits.request_burst)
+        self.cache: EdgeCache | None = None
+        if config.cache.enabled or config.compression.enabled:
+            self.cache = EdgeCache(
+                config.cache,
+                config.compression,
+                config.edge.id,
+                response_timeout_s=http.response_timeout_s,
+            )
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -312,6 +321,8 @@ class EdgeWorker:
         if self.access_log is None:
             return
         extra: dict[str, Any] = {"reason": record.reason} if record.reason else {}
+        if record.cache:
+            extra["cache"] = record.cache
         if protocol == "ws":
             extra["ws_close_code"] = record.ws_close_code
             extra["ws_closed_by"] = record.ws_closed_by
