@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Fill"]
 
-_NOT_FORWARDED = CONNECTION_SPECIFIC | {b"surrogate-control", b"age"}
+_NOT_FORWARDED = CONNECTION_SPECIFIC | {b"surrogate-control"}
 
 
 class Fill(Relay):
