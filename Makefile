@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
 
-.PHONY: venv node tools test lint demo dist bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor wan drill restart-test apt-base soak clean
+.PHONY: venv node tools test lint demo dist cache-tests bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor wan drill restart-test apt-base soak clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy), the WAN emulator (iptables, libnetfilter-queue), the
@@ -69,7 +69,19 @@ $(TOOLS)/h2spec:
 	    || echo "h2spec could not be built: its test will skip"; \
 	else echo "no Go toolchain: the h2spec test will skip"; fi
 	@touch $@.tried
-tools: $(TOOLS)/h2spec
+# http-tests/cache-tests (npm http-cache-tests, pinned in loadtests/cache_tests.py):
+# the cache's conformance suite, which `make test` runs through the chain.
+CACHE_TESTS_VERSION := 0.4.5
+$(TOOLS)/cache-tests/.stamp-$(CACHE_TESTS_VERSION): | $(STAMPS)/apt-base
+	@mkdir -p $(TOOLS)/cache-tests
+	npm install --prefix $(TOOLS)/cache-tests --no-audit --no-fund --loglevel=error \
+	  http-cache-tests@$(CACHE_TESTS_VERSION)
+	@touch $@
+tools: $(TOOLS)/h2spec $(TOOLS)/cache-tests/.stamp-$(CACHE_TESTS_VERSION)
+
+# The cache's conformance score through the chain (docs/cache.md).
+cache-tests: venv node tools
+	$(PY) -m loadtests.cache_tests
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -120,11 +120,11 @@ def byte_range(
             return UNSATISFIABLE
         return max(0, size - suffix), size - 1
     start = int(first)
-    end = int(last) if last else size - 1
-    if end < start:
+    if last and int(last) < start:
         return None  # invalid: ignore the Range field (§14.2)
     if start >= size:
         return UNSATISFIABLE
+    end = int(last) if last else size - 1
     return start, min(end, size - 1)
 
 

@@ -1,0 +1,182 @@
+"""The edge's cache through the real chain: hits, revalidation, collapsing,
+compression, ranges, HEAD (Node.js counts what reaches it)."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import brotli
+import pytest
+import zstandard
+
+from tests.cache_env import CacheStack, cache_stack
+from tests.conftest import PkiFiles, run_async, scaled
+from tests.edge_env import node_available
+
+pytestmark = [
+    pytest.mark.timeout(scaled(120)),
+    pytest.mark.skipif(not node_available(), reason="needs Node.js (make node)"),
+]
+
+
+@pytest.fixture(scope="module")
+def chain(test_pki: PkiFiles, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CacheStack]:
+    with cache_stack(test_pki, tmp_path_factory.mktemp("cache"), compression=True) as s:
+        yield s
+
+
+def test_a_fresh_response_is_served_from_the_edge_with_age_and_cache_status(
+    chain: CacheStack,
+) -> None:
+    path = "/hit?cc=public,max-age=60"
+    first = chain.fetch(path)
+    second = chain.fetch(path)
+    assert first.status == second.status == 200
+    assert first.body == second.body
+    assert "fwd=uri-miss" in (first.field("Cache-Status") or "")
+    assert "stored" in (first.field("Cache-Status") or "")
+    assert (second.field("Cache-Status") or "").startswith("test-edge; hit; ttl=")
+    assert second.field("Age") is not None
+    assert chain.count("/hit") == 1
+
+
+def test_a_stale_response_is_revalidated_with_its_etag_and_freshened_by_the_304(
+    chain: CacheStack,
+) -> None:
+    path = '/reval?cc=max-age=0&etag="v1"'
+    first = chain.fetch(path)
+    second = chain.fetch(path)
+    assert chain.count("/reval") == 2  # the second went up, conditionally
+    assert second.status == 200 and second.body == first.body
+    assert "fwd=stale; fwd-status=304" in (second.field("Cache-Status") or "")
+
+
+def test_a_client_if_none_match_on_a_hit_gets_a_304_from_the_edge(chain: CacheStack) -> None:
+    path = '/inm?cc=max-age=60&etag="abc"'
+    chain.fetch(path)
+    reply = chain.fetch(path, {"If-None-Match": '"abc"'})
+    assert reply.status == 304
+    assert reply.field("ETag") == '"abc"'
+    assert chain.count("/inm") == 1
+
+
+def test_head_is_answered_from_a_stored_get(chain: CacheStack) -> None:
+    path = "/head?cc=max-age=60"
+    got = chain.fetch(path)
+    head = chain.fetch(path, method="HEAD")
+    assert head.status == 200 and head.body == b""
+    assert head.field("Content-Length") == str(len(got.body))
+    assert chain.count("/head") == 1
+
+
+def test_a_range_is_served_from_a_stored_whole_response(chain: CacheStack) -> None:
+    path = "/range?cc=max-age=60&size=100"
+    whole = chain.fetch(path)
+    part = chain.fetch(path, {"Range": "bytes=10-19"})
+    assert part.status == 206
+    assert part.body == whole.body[10:20]
+    assert part.field("Content-Range") == "bytes 10-19/100"
+    beyond = chain.fetch(path, {"Range": "bytes=500-"})
+    assert beyond.status == 416
+    assert chain.count("/range") == 1
+
+
+def test_a_post_invalidates_the_stored_response(chain: CacheStack) -> None:
+    path = "/inval?cc=max-age=60"
+    chain.fetch(path)
+    chain.fetch(path)
+    assert chain.count("/inval") == 1
+    chain.fetch(path, method="POST", body=b"x")
+    chain.fetch(path)
+    assert chain.count("/inval") == 3
+
+
+@pytest.mark.parametrize(
+    ("coding", "decode"),
+    [("zstd", zstandard.ZstdDecompressor().decompressobj), ("br", None), ("gzip", None)],
+)
+def test_a_text_response_is_compressed_once_and_served_compressed_from_the_cache(
+    chain: CacheStack, coding: str, decode: object
+) -> None:
+    path = f"/text-{coding}?cc=public,max-age=60&size=20000&type=text/css"
+    plain = chain.fetch(path)
+    assert plain.field("Content-Encoding") is None
+    assert "Accept-Encoding" in (plain.field("Vary") or "")
+    packed = chain.fetch(path, {"Accept-Encoding": coding})
+    assert packed.field("Content-Encoding") == coding
+    assert len(packed.body) < len(plain.body) // 4
+    if coding == "zstd":
+        body = zstandard.ZstdDecompressor().decompressobj().decompress(packed.body)
+    elif coding == "br":
+        body = brotli.decompress(packed.body)
+    else:
+        body = gzip.decompress(packed.body)
+    assert body == plain.body
+    assert chain.count(f"/text-{coding}") == 1
+
+
+def test_a_miss_is_compressed_on_its_way_and_its_chunks_are_whole(chain: CacheStack) -> None:
+    path = "/chunked?cc=public,max-age=60&size=50000&type=application/json&chunked=1"
+    first = chain.fetch(path, {"Accept-Encoding": "gzip"})
+    assert first.field("Content-Encoding") == "gzip"
+    body = gzip.decompress(first.body)
+    assert len(body) == 50000
+    second = chain.fetch(path, {"Accept-Encoding": "gzip"})
+    assert gzip.decompress(second.body) == body
+    assert chain.count("/chunked") == 1
+
+
+def test_one_hundred_concurrent_requests_for_a_cold_key_reach_node_once(
+    chain: CacheStack,
+) -> None:
+    path = "/cold?cc=public,max-age=60&delay=300"
+    context = ssl.create_default_context(cafile=str(chain.stack.pki.ca))
+    url = f"https://localhost:{chain.stack.https_port}{path}"
+
+    async def one(session: aiohttp.ClientSession) -> tuple[int, bytes]:
+        async with session.get(url, ssl=context) as response:
+            return response.status, await response.read()
+
+    async def all_at_once() -> list[tuple[int, bytes]]:
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            return await asyncio.gather(*(one(session) for _ in range(100)))
+
+    replies = run_async(all_at_once(), timeout=60)
+    assert [status for status, _ in replies] == [200] * 100
+    assert len({body for _, body in replies}) == 1
+    assert chain.count("/cold") == 1
+
+
+def test_waiters_go_to_the_origin_themselves_when_the_answer_is_not_storable(
+    chain: CacheStack,
+) -> None:
+    path = "/uncacheable?cc=no-store&delay=200"
+    context = ssl.create_default_context(cafile=str(chain.stack.pki.ca))
+    url = f"https://localhost:{chain.stack.https_port}{path}"
+
+    async def one(session: aiohttp.ClientSession) -> int:
+        async with session.get(url, ssl=context) as response:
+            await response.read()
+            return response.status
+
+    async def ten() -> list[int]:
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            return await asyncio.gather(*(one(session) for _ in range(10)))
+
+    assert run_async(ten(), timeout=60) == [200] * 10
+    assert chain.count("/uncacheable") == 10
+
+
+def test_the_access_log_says_what_the_cache_did(chain: CacheStack, tmp_path: Path) -> None:
+    path = "/logged?cc=max-age=60"
+    chain.fetch(path)
+    chain.fetch(path)
+    metrics = chain.stack.metrics()
+    assert "geoedge_edge_cache_hits_total" in metrics
