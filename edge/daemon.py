@@ -29,9 +29,11 @@ import signal
 import socket
 
 import uvloop
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from edge.cache.purge import PurgeError, parse_purge
 from edge.config import EdgeConfig, ListenerConfig
 from edge.status import EdgeStatus
 from edge.tls import CertificateStore, TlsConfigError
@@ -48,7 +50,7 @@ from geoedge.metrics import (
 from geoedge.preflight import ListenError
 from geoedge.status_window import MetricsWindow
 from geoedge.systemd import ServiceNotifier, listen_sockets
-from geoedge.workers import Supervisor, WorkerContext
+from geoedge.workers import Supervisor, WorkerContext, listen_control
 
 __all__ = ["READY_TIMEOUT_S", "EdgeDaemon", "Sockets", "bind_sockets"]
 
@@ -128,6 +130,7 @@ class EdgeDaemon:
             config.admin.address,
             health=self.health,
             status=EdgeStatus(config, MetricsWindow(merged_families), supervisor.statistics),
+            routes=[web.post("/cache/purge", self._purge)],
         )
         try:
             try:
@@ -207,6 +210,18 @@ class EdgeDaemon:
             "tunnels_up": up,
         }
 
+    async def _purge(self, request: web.Request) -> web.Response:
+        """``POST /cache/purge`` (edge.cache.purge): every worker drops what it names."""
+        try:
+            purge = parse_purge(await request.read())
+        except PurgeError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        if not self.config.cache.enabled:
+            return web.json_response({"error": "the cache is off ([cache] enabled)"}, status=409)
+        assert self.supervisor is not None
+        self.supervisor.broadcast({"op": "cache_purge", "purge": purge.as_json()})
+        return web.json_response({"purge": purge.as_json(), "workers": self.supervisor.running})
+
     # -- worker process ----------------------------------------------------------------
 
     def _worker_main(self, context: WorkerContext) -> int:
@@ -227,7 +242,9 @@ class EdgeDaemon:
             loop.add_signal_handler(sig, stopping.set)
         loop.add_signal_handler(signal.SIGHUP, worker.reload_certificates)
         loop.add_signal_handler(signal.SIGUSR1, worker.reopen_logs)
+        pipe = await listen_control(context, worker.on_control, lambda: None)
         await stopping.wait()
+        pipe.close()
         await worker.drain()
         memory.close()
         return 0

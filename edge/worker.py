@@ -25,6 +25,7 @@ from typing import Any
 
 from edge.admission import ConnectionAdmission, RequestRate
 from edge.cache import EdgeCache
+from edge.cache.purge import parse_purge
 from edge.config import EdgeConfig, ListenerConfig
 from edge.deadlines import Deadlines
 from edge.exchange import RequestRecord
@@ -94,6 +95,8 @@ class EdgeWorker:
         )
         self.request_rate = RequestRate(limits.requests_per_s_per_client_ip, limits.request_burst)
         self.cache: EdgeCache | None = None
+        self._cache_seen: dict[str, int] = {}
+        self._cache_bytes_seen = 0
         if config.cache.enabled or config.compression.enabled:
             self.cache = EdgeCache(
                 config.cache,
@@ -223,6 +226,7 @@ class EdgeWorker:
                 self.access_log.flush()
             self._sweep_connections(time.monotonic())
             self._export_tunnel_metrics()
+            self._export_cache_metrics()
 
     def _sweep_connections(self, now: float) -> None:
         # Not inline in _sweep: its loop variable would keep the last connection
@@ -240,6 +244,45 @@ class EdgeWorker:
             if stats.srtt_s is not None:
                 self.metrics.tunnel_srtt.labels(stats.name).set(stats.srtt_s)
                 self.tally.observe(self.metrics.tunnel_rtt_seconds, (stats.name,), stats.srtt_s)
+
+    def _export_cache_metrics(self) -> None:
+        cache = self.cache
+        if cache is None or not cache.enabled:
+            return
+        counters, store = cache.counters, cache.store
+        now = {
+            "hit": counters.hits,
+            "miss": counters.misses,
+            "stale": counters.stale_served,
+            "revalidated": counters.revalidated,
+            "stored": counters.stored,
+            "collapsed": counters.collapsed_waits,
+            "pass": counters.passes,
+            "evicted": store.evictions,
+            "purged": counters.purged,
+        }
+        seen = self._cache_seen
+        for event, value in now.items():
+            if value > seen.get(event, 0):
+                self.metrics.cache_events.labels(event).inc(value - seen.get(event, 0))
+        self._cache_seen = now
+        served = counters.bytes_served - self._cache_bytes_seen
+        if served > 0:
+            self.metrics.cache_bytes_served.inc(served)
+            self._cache_bytes_seen = counters.bytes_served
+        self.metrics.cache_entries.set(len(store))
+        self.metrics.cache_bytes.set(store.bytes_held)
+        self.metrics.cache_max_bytes.set(store.max_bytes)
+
+    def on_control(self, message: dict[str, Any]) -> None:
+        """A message from the parent (:func:`geoedge.workers.listen_control`)."""
+        if message.get("op") == "cache_purge":
+            purge = parse_purge(message["purge"])
+            count = self.cache.purge(purge.kind, purge.values) if self.cache is not None else 0
+            log.info("cache purge %s %s: %d entries", purge.kind, ", ".join(purge.values), count)
+            self._export_cache_metrics()
+        else:
+            log.warning("unknown control message %r", message.get("op"))
 
     # -- edge.services.EdgeServices ------------------------------------------------------
 

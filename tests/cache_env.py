@@ -49,7 +49,11 @@ class CacheStack:
     backend_port: int
 
     def fetch(
-        self, path: str, headers: dict[str, str] | None = None, method: str = "GET", body: bytes | None = None
+        self,
+        path: str,
+        headers: dict[str, str] | None = None,
+        method: str = "GET",
+        body: bytes | None = None,
     ) -> Reply:
         conn = self.stack.https()
         try:

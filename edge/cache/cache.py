@@ -321,6 +321,7 @@ class EdgeCache:
             coding=coding,
             encoded=encoded,
             extra=extra,
+            hidden=self.hidden_fields,
         )
 
     def keep(
@@ -404,8 +405,16 @@ class EdgeCache:
 
     # -- purge and invalidation --------------------------------------------------------
 
-    def purge(self, kind: str, value: str) -> int:
-        """Drop entries by ``url``, ``prefix``, ``tag`` or ``all``; how many went."""
+    def purge(self, kind: str, values: tuple[str, ...] = ()) -> int:
+        """Drop entries by ``url``, ``prefix``, ``tag`` or ``all`` (edge.cache.purge);
+        how many went."""
+        count = sum(self._purge_one(kind, value) for value in values) if values else 0
+        if kind == "all":
+            count = self.store.purge_all()
+        self.counters.purged += count
+        return count
+
+    def _purge_one(self, kind: str, value: str) -> int:
         store = self.store
         if kind == "url":
             count = store.purge_url(normalise_url(value, self.config.key))
@@ -413,11 +422,8 @@ class EdgeCache:
             count = store.purge_prefix(normalise_url(value, self.config.key))
         elif kind == "tag":
             count = store.purge_tag(value)
-        elif kind == "all":
-            count = store.purge_all()
         else:
             raise ValueError(f"unknown purge kind {kind!r}")
-        self.counters.purged += count
         return count
 
     def _invalidate(self, exchange: Any, head: ResponseHeadReceived) -> None:

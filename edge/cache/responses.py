@@ -102,12 +102,14 @@ def stored_reply(
     coding: str | None,
     encoded: bytes | None,
     extra: Fields = (),
+    hidden: frozenset[bytes] = frozenset(),
 ) -> Reply:
     """The reply to a request answered from ``entry`` (see the module docstring).
     ``coding``/``encoded``: the body compressed for this client, if it is to
-    be; ``extra``: fields for this one client (a 304's ``Set-Cookie``)."""
+    be; ``extra``: fields for this one client (a 304's ``Set-Cookie``);
+    ``hidden``: stored fields the client does not see (the purge tags)."""
     age = b"%d" % max(0, int(entry.age(now)))
-    fields = list(entry.headers)
+    fields = [(n, v) for n, v in entry.headers if n not in hidden]
     status, body = entry.status, entry.body
     ranges = None
     for name, value in request_fields:

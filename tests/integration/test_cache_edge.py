@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import gzip
 import ssl
+import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import aiohttp
 import brotli
@@ -174,9 +174,41 @@ def test_waiters_go_to_the_origin_themselves_when_the_answer_is_not_storable(
     assert chain.count("/uncacheable") == 10
 
 
-def test_the_access_log_says_what_the_cache_did(chain: CacheStack, tmp_path: Path) -> None:
-    path = "/logged?cc=max-age=60"
+def test_a_purge_by_tag_url_and_prefix_through_the_edge_admin_api(chain: CacheStack) -> None:
+    tagged = "/purge-tag?cc=max-age=60&tag=product-1%20all"
+    by_url = "/purge-url?cc=max-age=60"
+    by_prefix = "/purge-prefix/a?cc=max-age=60"
+    for path in (tagged, by_url, by_prefix):
+        chain.fetch(path)
+        assert "hit" in (chain.fetch(path).field("Cache-Status") or "")
+    assert chain.fetch(tagged).field("Surrogate-Key") is None  # stripped for the client
+    base = "https://localhost"
+    for body in (
+        b'{"tag": "product-1"}',
+        b'{"url": "%s%s"}' % (base.encode(), by_url.encode()),
+        b'{"prefix": "%s/purge-prefix/"}' % base.encode(),
+    ):
+        status, answer = chain.admin("POST", "/cache/purge", body)
+        assert status == 200, answer
+    for path in (tagged, by_url, by_prefix):
+        assert "fwd=uri-miss" in (chain.fetch(path).field("Cache-Status") or "")
+    status, answer = chain.admin("POST", "/cache/purge", b'{"tags": "x"}')
+    assert status == 400 and b"unknown key" in answer
+
+
+def test_the_cache_metrics_count_hits_and_what_is_held(chain: CacheStack) -> None:
+    path = "/metrics-hit?cc=max-age=60"
     chain.fetch(path)
     chain.fetch(path)
-    metrics = chain.stack.metrics()
-    assert "geoedge_edge_cache_hits_total" in metrics
+
+    def hits() -> float:
+        for line in chain.stack.metrics().splitlines():
+            if line.startswith('geoedge_edge_cache_events_total{event="hit"}'):
+                return float(line.split()[-1])
+        return 0.0
+
+    deadline = time.monotonic() + scaled(10)
+    while hits() < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert hits() >= 1
+    assert "geoedge_edge_cache_bytes " in chain.stack.metrics()
