@@ -25,6 +25,7 @@ from typing import Any
 
 from edge.admission import ConnectionAdmission, RequestRate
 from edge.cache import EdgeCache
+from edge.cache.allocator import bound_large_blocks
 from edge.cache.purge import parse_purge
 from edge.config import EdgeConfig, ListenerConfig
 from edge.deadlines import Deadlines
@@ -97,6 +98,8 @@ class EdgeWorker:
         self.cache: EdgeCache | None = None
         self._cache_seen: dict[str, int] = {}
         self._cache_bytes_seen = 0
+        if config.cache.enabled:
+            bound_large_blocks()
         if config.cache.enabled or config.compression.enabled:
             self.cache = EdgeCache(
                 config.cache,
