@@ -21,7 +21,7 @@ STAMPS := $(VENV)/.stamps
 # (systemd-analyze, in systemd), the monitoring kit (promtool, in prometheus) and
 # the status page in a real browser (chromium).
 APT_PACKAGES := haproxy wrk iptables iproute2 libnetfilter-queue-dev gcc python3-dev \
-	systemd wireguard-go wireguard-tools curl nghttp2-client prometheus chromium
+	systemd wireguard-go wireguard-tools curl nghttp2-client prometheus chromium nginx-light
 
 # Redone when this file changes (the package list may have grown); cheap when
 # everything is there already.

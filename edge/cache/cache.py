@@ -378,6 +378,7 @@ class EdgeCache:
         facts = ResponseFacts.of(entry.status, fields, self.freshness)
         update = ResponseFacts.of(304, head.headers, self.freshness)
         entry.headers = fields
+        entry.plain_head = None
         entry.facts = facts
         entry.request_time = request_time
         entry.response_time = response_time

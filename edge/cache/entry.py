@@ -60,6 +60,9 @@ class StoredResponse:
     tags: frozenset[str] = frozenset()
     encoded: dict[str, bytes] = field(default_factory=dict)
     hits: int = 0
+    plain_head: tuple[bytes, tuple[tuple[bytes, bytes], ...]] | None = None
+    """The fixed part of its whole reply's head, built at its first such hit
+    (edge.cache.responses); None again whenever its fields change."""
 
     @property
     def size(self) -> int:

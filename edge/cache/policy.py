@@ -55,6 +55,9 @@ SAFE_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE"})
 KNOWN_CODINGS = frozenset({b"br", b"compress", b"deflate", b"gzip", b"identity", b"zstd"})
 
 
+_NO_DIRECTIVES = Directives({})
+
+
 @dataclass(frozen=True, slots=True)
 class RequestFacts:
     """The fields of a request a cache decides by, read once."""
@@ -70,21 +73,24 @@ class RequestFacts:
 
     @classmethod
     def of(cls, method: bytes, fields: Fields) -> RequestFacts:
-        cc = field_values(fields, b"cache-control")
-        control = parse_directives(cc)
-        no_cache = b"no-cache" in control or (
-            not cc and b"no-cache" in split_list(field_values(fields, b"pragma"))
-        )
+        cc: list[bytes] = []
+        pragma: list[bytes] = []
         conditional = False
         authorization = False
         ranges = None
-        for name, value in fields:
+        for name, value in fields:  # one pass: this runs for every request a cache sees
             if name[:3] == b"if-":
                 conditional = True
+            elif name == b"cache-control":
+                cc.append(value)
+            elif name == b"pragma":
+                pragma.append(value)
             elif name == b"authorization":
                 authorization = True
             elif name == b"range":
                 ranges = value
+        control = parse_directives(cc) if cc else _NO_DIRECTIVES
+        no_cache = b"no-cache" in control or (not cc and b"no-cache" in split_list(pragma))
         return cls(method, control, no_cache, authorization, conditional, ranges)
 
 

@@ -109,13 +109,18 @@ def stored_reply(
     be; ``extra``: fields for this one client (a 304's ``Set-Cookie``);
     ``hidden``: stored fields the client does not see (the purge tags)."""
     age = b"%d" % max(0, int(entry.age(now)))
-    fields = [(n, v) for n, v in entry.headers if n not in hidden]
-    status, body = entry.status, entry.body
     ranges = None
+    conditional = False
     for name, value in request_fields:
         if name == b"range":
             ranges = value
-    if not_modified(entry, request_fields):
+        elif name[:3] == b"if-":
+            conditional = True
+    if ranges is None and not conditional and coding is None and not extra:
+        return _plain_reply(entry, head_only, age, cache_status, hidden)
+    fields = [(n, v) for n, v in entry.headers if n not in hidden]
+    status, body = entry.status, entry.body
+    if conditional and not_modified(entry, request_fields):
         kept = [(n, v) for n, v in fields if n in _304_FIELDS]
         kept += [(b"age", age), (b"cache-status", cache_status), *extra]
         return Reply(make_head(304, b"Not Modified", kept, length=None), b"")
@@ -145,6 +150,40 @@ def stored_reply(
     fields += [(b"age", age), (b"cache-status", cache_status), *extra]
     head = make_head(status, entry.reason, fields, length=len(body))
     return Reply(head, b"" if head_only else body)
+
+
+def _plain_reply(
+    entry: StoredResponse,
+    head_only: bool,
+    age: bytes,
+    cache_status: bytes,
+    hidden: frozenset[bytes],
+) -> Reply:
+    """The whole stored response, as most hits are: its head's fixed part is
+    built once and kept with the entry (:attr:`StoredResponse.plain_head`)."""
+    plain = entry.plain_head
+    if plain is None:
+        fields = tuple((n, v) for n, v in entry.headers if n not in hidden and n not in _FRAMING)
+        status_line = b"HTTP/1.1 %d %s\r\n" % (entry.status, entry.reason or b"-")
+        lines = b"".join(n + b": " + v + b"\r\n" for n, v in fields)
+        if entry.status != 204:  # RFC 9110 §8.6: never on a 204
+            length = b"%d" % len(entry.body)
+            fields += ((b"content-length", length),)
+            lines += b"content-length: " + length + b"\r\n"
+        plain = entry.plain_head = (status_line + lines, fields)
+    prefix, fields = plain
+    head = b"".join((prefix, b"age: ", age, b"\r\ncache-status: ", cache_status, b"\r\n\r\n"))
+    response = ResponseHeadReceived(
+        status=entry.status,
+        reason=entry.reason,
+        http_version=b"1.1",
+        headers=(*fields, (b"age", age), (b"cache-status", cache_status)),
+        head=head,
+        keep_alive=True,
+        content_length=len(entry.body),
+        chunked=False,
+    )
+    return Reply(response, b"" if head_only else entry.body)
 
 
 def weak_or(value: bytes) -> bytes:
