@@ -7,6 +7,13 @@ second over the open connections instead of a timer per connection.
 
 The worker is the services object its client connections and their exchanges
 get (:class:`edge.services.EdgeServices`): they call it, never import it.
+
+CONTROL messages from the origins (PROTOCOL.md §5.14) are answered by the
+worker's handler table, :attr:`EdgeWorker.control_handlers`, which all its
+tunnel connections share: the origin sends a message on every connection, so
+it reaches every worker. ECHO is answered here; a feature adds its own kind
+with ``worker.control_handlers.add(kind, handler)`` when it is built
+(:mod:`tunnel.aio.control` says how a handler answers).
 """
 
 from __future__ import annotations
@@ -40,7 +47,9 @@ from edge.services import ClientConnection, ClientFacts
 from edge.tls import CertificateStore
 from geoedge.logs import AccessLog, LogThrottle
 from geoedge.metrics import ProcessMetrics, Tally
+from tunnel.aio.control import ControlHandlers, echo
 from tunnel.aio.stream import TunnelStream
+from tunnel.mux import ControlKind
 
 log = logging.getLogger("geoedge.edge")
 throttled = LogThrottle(log)
@@ -75,7 +84,9 @@ class EdgeWorker:
         #: The Strict-Transport-Security field line of every HTTPS response, if on.
         self.hsts_field = None if hsts is None else f"Strict-Transport-Security: {hsts}".encode()
         self._sockets = sockets
-        self.origins = OriginSet(config.origins, config.tunnel)
+        #: How this worker answers the origins' CONTROL messages, by kind.
+        self.control_handlers = ControlHandlers({ControlKind.ECHO: echo})
+        self.origins = OriginSet(config.origins, config.tunnel, self.control_handlers)
         self.connections: set[ClientConnection] = set()
         #: Set while no client connection is open (what a drain waits for).
         self._no_connections = asyncio.Event()

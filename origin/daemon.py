@@ -10,7 +10,10 @@ Start-up, in this order (the order is the point):
 
 Parent <-> workers: the parent publishes pool snapshots (membership, health,
 drains, pool settings) on each worker's control pipe
-(:meth:`~geoedge.workers.Supervisor.broadcast`, JSON lines). Drains go
+(:meth:`~geoedge.workers.Supervisor.broadcast`, JSON lines), and asks the
+workers to send CONTROL messages to the edges and gathers their outcomes
+(:meth:`OriginDaemon.broadcast_control`, :mod:`origin.edge_control`; the
+admin's ``POST /tunnel/echo``). Drains go
 this way too: ``POST /backends/<pool>/<host:port>/drain`` on the admin changes
 the control state, which publishes a new snapshot; a worker forked later gets
 the drain in its starting snapshot.
@@ -65,6 +68,7 @@ from geoedge.workers import Supervisor, WorkerContext, listen_control
 from origin.admission import TlsAudit
 from origin.config import OriginConfig, load_origin_config
 from origin.control import ControlPlane
+from origin.edge_control import ControlBroadcast, EdgeControl
 from origin.metrics import ControlMetrics, WorkerMetrics
 from origin.snapshot import PoolSnapshot, encode_snapshots
 from origin.state import UnknownBackend
@@ -106,6 +110,7 @@ class OriginDaemon:
         self.supervisor: Supervisor | None = None
         self.worker: OriginWorker | None = None
         self.admin: AdminServer | None = None
+        self.edge_control: EdgeControl | None = None
         # Made anew by each run(): a stop() before it does not stop the next run.
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
@@ -155,6 +160,11 @@ class OriginDaemon:
                 parent_fds=self._parent_fds,
                 on_stopping=lambda: self.notifier.stopping("draining"),
             )
+        self.edge_control = (
+            EdgeControl(local=self.worker.edges.broadcast_control)
+            if self.worker is not None
+            else EdgeControl(ask_workers=self.supervisor.request if self.supervisor else None)
+        )
         status = OriginStatus(
             config.origin.id,
             MetricsWindow(lambda: merged_families(registries)),
@@ -282,6 +292,13 @@ class OriginDaemon:
         log.info("reloaded: %d pool(s)", len(config.pools))
         return True
 
+    async def broadcast_control(self, kind: int, body: bytes, timeout_s: float) -> ControlBroadcast:
+        """Send a CONTROL message (PROTOCOL.md §5.14) to every connected edge,
+        on each of its connections, across the workers, and gather the
+        outcomes (:mod:`origin.edge_control`). Call it while running."""
+        assert self.edge_control is not None, "the daemon is not running"
+        return await self.edge_control.broadcast(kind, body, timeout_s)
+
     def _publish(self, snapshots: tuple[PoolSnapshot, ...]) -> None:
         if self.worker is not None:
             self.worker.apply_snapshots(snapshots)
@@ -336,6 +353,7 @@ class OriginDaemon:
             web.get("/backends", self._backends),
             web.post("/backends/{pool}/{address}/drain", self._drain),
             web.post("/backends/{pool}/{address}/undrain", self._drain),
+            *(self.edge_control.routes() if self.edge_control is not None else ()),
         ]
 
     async def _backends(self, request: web.Request) -> web.Response:
@@ -389,7 +407,7 @@ class OriginDaemon:
         if access_log is not None:  # logrotate's postrotate
             loop.add_signal_handler(signal.SIGUSR1, access_log.reopen)
         await worker.start(sock=self._sock, ssl_context=self._ssl, tls_audit=self._audit)
-        pipe = await listen_control(context, worker.on_control, stopping.set)
+        pipe = await listen_control(context, worker.on_control, stopping.set, worker.on_request)
         tune_gc()
         memory = MemoryKeeper("geoedge_origin", ("origin", "tunnel"))
         memory.start()  # SIGUSR2: a memory report

@@ -5,7 +5,8 @@ passed (its ``established`` future); a refused one is only counted, by
 reason (:mod:`origin.admission`). The streams the connections carry are the
 dispatcher's (:mod:`origin.dispatch`); this part sees the connections alone.
 The edge's counterpart is :class:`edge.origins.OriginSet`, its tunnels to the
-origins.
+origins. :meth:`EdgeConnections.broadcast_control` sends a CONTROL message on
+every connection (:mod:`origin.edge_control`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 
 from geoedge.logs import log_event
 from origin.admission import refusal_reason
+from origin.edge_control import ControlOutcome, broadcast_on
 from origin.metrics import WorkerMetrics
 from tunnel.aio.connection import TunnelConnection
 from tunnel.aio.errors import PeerRefused
@@ -91,6 +93,18 @@ class EdgeConnections:
                 rtts[identity] = max(rtts.get(identity, 0.0), srtt)
         for identity, srtt in rtts.items():
             self._metrics.edge_rtt.labels(identity).set(srtt)
+
+    async def broadcast_control(
+        self, kind: int, body: bytes, timeout_s: float
+    ) -> list[ControlOutcome]:
+        """Send a CONTROL message (PROTOCOL.md §5.14) on every connection, and
+        each one's outcome, by edge and address; ``timeout_s`` bounds each wait
+        for an ACK."""
+        connections = sorted(
+            (c for c in self._connections if not c.closed.done()),
+            key=lambda c: (c.info.peer_identity, c.info.peer_address or ("", 0)),
+        )
+        return await broadcast_on(connections, kind, body, timeout_s)
 
     # -- drain -------------------------------------------------------------------------
 

@@ -8,7 +8,9 @@ tunnel listener hands every stream straight to the dispatcher.
   the parked backend connections and the pools' queues; per stream, choose a
   backend, reuse a parked connection or connect, queue under a cap, release;
 - :class:`origin.edges.EdgeConnections`: the edges' tunnel connections and
-  their metrics; GOAWAY on drain;
+  their metrics; GOAWAY on drain; CONTROL messages sent on all of them at
+  the parent's request (:meth:`OriginWorker.on_request`,
+  :mod:`origin.edge_control`);
 - :class:`origin.deadlines.DeadlineSweep`: once a second, reset the streams
   whose backend is silent past its deadline;
 - :class:`origin.publisher.MetricsPublisher`: once a second, publish the
@@ -41,12 +43,15 @@ from origin.balancer import BackendPool
 from origin.config import OriginConfig
 from origin.deadlines import DeadlineSweep, stream_deadline
 from origin.dispatch import StreamDispatcher
+from origin.edge_control import answer_request
 from origin.edges import EdgeConnections
 from origin.forward import Splice
 from origin.metrics import WorkerMetrics
 from origin.publisher import MetricsPublisher
 from origin.snapshot import PoolSnapshot, decode_snapshots
+from tunnel.aio.control import ControlHandlers, echo
 from tunnel.aio.transport import serve_tunnel
+from tunnel.mux import ControlKind
 
 # stream_deadline lives in origin.deadlines; tests import it from here.
 __all__ = ["OriginWorker", "WorkerStatistics", "stream_deadline"]
@@ -98,6 +103,8 @@ class OriginWorker:
             config.origin.id, self.metrics, self.tally, access_log, clock
         )
         self.edges = EdgeConnections(self.metrics)
+        #: What the origin answers to the edges' CONTROL messages: ECHO alone.
+        self.control_handlers = ControlHandlers({ControlKind.ECHO: echo})
         self.deadlines = DeadlineSweep(self.dispatcher, self.metrics, self._loop)
         self.publisher = MetricsPublisher(
             self._loop, self.tally, self.dispatcher, self.edges, access_log, self.process_metrics
@@ -123,6 +130,7 @@ class OriginWorker:
             on_connection=self.edges.on_connection,
             sock=sock,
             ssl_context=ssl_context,
+            control_handlers=self.control_handlers,
         )
         self.publisher.start()
         self.deadlines.start()
@@ -186,6 +194,11 @@ class OriginWorker:
             self.apply_snapshots(decode_snapshots(message["pools"]))
         else:
             log.warning("unknown control message %r", message.get("op"))
+
+    async def on_request(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A request from the parent (:meth:`geoedge.workers.Supervisor.request`):
+        a CONTROL message for every edge connection of this worker."""
+        return await answer_request(message, self.edges.broadcast_control)
 
     def apply_snapshots(self, snapshots: tuple[PoolSnapshot, ...]) -> None:
         """Adopt the parent's pools; in-flight streams keep their backends."""

@@ -23,6 +23,7 @@ from geoedge.config import (
     load_config,
 )
 from geoedge.config_render import config_to_toml
+from tests.example_budget import examples
 from tunnel.mux.settings import SessionConfig
 
 Net = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -522,7 +523,7 @@ class Values:
     keys: dict[str, bool]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     text=st.text(),
     number=st.floats(allow_nan=False),
