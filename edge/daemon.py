@@ -33,12 +33,12 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from edge.cache.purge import PurgeError, parse_purge
 from edge.config import EdgeConfig, ListenerConfig
 from edge.status import EdgeStatus
 from edge.tls import CertificateStore, TlsConfigError
 from edge.worker import EdgeWorker
 from geoedge.admin import AdminServer, HealthReport
+from geoedge.cache_purge import PurgeError, parse_purge
 from geoedge.listening import activated_or_bound
 from geoedge.memory import MemoryKeeper, tune_gc
 from geoedge.metrics import (

@@ -33,7 +33,6 @@ from typing import Any
 from edge.admission import ConnectionAdmission, RequestRate
 from edge.cache import EdgeCache
 from edge.cache.allocator import bound_large_blocks
-from edge.cache.purge import parse_purge
 from edge.config import EdgeConfig, ListenerConfig
 from edge.deadlines import Deadlines
 from edge.exchange import RequestRecord
@@ -45,11 +44,12 @@ from edge.metrics import EdgeMetrics
 from edge.origins import OriginSet
 from edge.services import ClientConnection, ClientFacts
 from edge.tls import CertificateStore
+from geoedge.cache_purge import PurgeError, parse_purge
 from geoedge.logs import AccessLog, LogThrottle
 from geoedge.metrics import ProcessMetrics, Tally
-from tunnel.aio.control import ControlHandlers, echo
+from tunnel.aio.control import ControlHandlers, ControlReply, echo
 from tunnel.aio.stream import TunnelStream
-from tunnel.mux import ControlKind
+from tunnel.mux import ControlKind, ControlStatus
 
 log = logging.getLogger("geoedge.edge")
 throttled = LogThrottle(log)
@@ -118,6 +118,7 @@ class EdgeWorker:
                 config.edge.id,
                 response_timeout_s=http.response_timeout_s,
             )
+        self.control_handlers.add(ControlKind.CACHE_PURGE, self.purge_from_origin)
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -287,6 +288,18 @@ class EdgeWorker:
         self.metrics.cache_entries.set(len(store))
         self.metrics.cache_bytes.set(store.bytes_held)
         self.metrics.cache_max_bytes.set(store.max_bytes)
+
+    def purge_from_origin(self, body: bytes) -> ControlReply:
+        """CACHE_PURGE from an origin (PROTOCOL.md §5.14): drop what it names."""
+        if self.cache is None or not self.cache.enabled:
+            return ControlReply(ControlStatus.REFUSED, "the cache is off on this edge")
+        try:
+            purge = parse_purge(body)
+        except PurgeError as exc:
+            return ControlReply(ControlStatus.REFUSED, str(exc)[:200])
+        count = self.cache.purge(purge.kind, purge.values)
+        log.info("cache purge from an origin, %s: %d entries", purge.kind, count)
+        return ControlReply(ControlStatus.APPLIED, f"purged {count} in worker {self._pid}")
 
     def on_control(self, message: dict[str, Any]) -> None:
         """A message from the parent (:func:`geoedge.workers.listen_control`)."""

@@ -65,6 +65,7 @@ from geoedge.preflight import ListenError
 from geoedge.status_window import MetricsWindow
 from geoedge.systemd import ServiceNotifier, listen_sockets
 from geoedge.workers import Supervisor, WorkerContext, listen_control
+from origin import cache_purge
 from origin.admission import TlsAudit
 from origin.config import OriginConfig, load_origin_config
 from origin.control import ControlPlane
@@ -354,6 +355,7 @@ class OriginDaemon:
             web.post("/backends/{pool}/{address}/drain", self._drain),
             web.post("/backends/{pool}/{address}/undrain", self._drain),
             *(self.edge_control.routes() if self.edge_control is not None else ()),
+            *cache_purge.routes(self.broadcast_control),
         ]
 
     async def _backends(self, request: web.Request) -> web.Response:

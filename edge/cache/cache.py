@@ -35,15 +35,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from edge.cache.compress import compress_whole, compressible, negotiate
 from edge.cache.conditions import freshened_fields, validators
 from edge.cache.config import CacheConfig, CompressionConfig
 from edge.cache.entry import NOT_STORED, StoredResponse
+from edge.cache.fill import Fill
 from edge.cache.freshness import FreshnessRules, ResponseFacts, freshness_lifetime, initial_age
-from edge.cache.keys import CacheKey, KeyMaker, normalise_url
+from edge.cache.keys import KeyMaker, normalise_url
+from edge.cache.lookup import CacheCounters, Lookup
 from edge.cache.policy import (
     SAFE_METHODS,
     RequestFacts,
@@ -54,14 +55,13 @@ from edge.cache.policy import (
     vary_values,
 )
 from edge.cache.relay import Invalidator, NullClient
-from edge.cache.responses import Reply, stored_reply, with_vary
+from edge.cache.responses import Reply, serve, stored_reply, with_vary
 from edge.cache.store import CacheStore
 
 if TYPE_CHECKING:
-    from edge.cache.fill import Fill
     from edge.http1 import RequestHeadReceived, ResponseHeadReceived
 
-__all__ = ["CacheCounters", "EdgeCache", "Lookup"]
+__all__ = ["CacheCounters", "EdgeCache", "Lookup"]  # the last two: edge.cache.lookup
 
 _PASS_KEYS_MAX = 10_000
 _CONDITIONAL = frozenset(
@@ -74,42 +74,6 @@ _CONDITIONAL = frozenset(
         b"range",
     }
 )
-
-
-@dataclass(slots=True)
-class CacheCounters:
-    """What the metrics and the status page show (monotonic counts)."""
-
-    hits: int = 0
-    misses: int = 0
-    stale_served: int = 0
-    revalidated: int = 0
-    bytes_served: int = 0
-    collapsed_waits: int = 0
-    stored: int = 0
-    passes: int = 0
-    purged: int = 0
-
-
-@dataclass(slots=True)
-class Lookup:
-    """One request as the cache saw it: what its fill needs to know."""
-
-    key: CacheKey | None
-    request: RequestFacts
-    fields: tuple[tuple[bytes, bytes], ...]
-    coding: str | None
-    fwd: str
-    head_only: bool
-    frame_h1: bool
-    """The front end frames the body itself (HTTP/1.1): chunks are the fill's to write."""
-    http10: bool
-    stale: StoredResponse | None = None
-    """The stored response being revalidated (None: a miss)."""
-    validating: bool = False
-    """The request went up with the stored response's validators."""
-    bypass: bool = False
-    why_not_stored: str | None = None
 
 
 class EdgeCache:
@@ -276,8 +240,6 @@ class EdgeCache:
         sibling.forward()
 
     def _go_up(self, exchange: Any, lookup: Lookup) -> Fill:
-        from edge.cache.fill import Fill  # Fill imports this module's types
-
         exchange.frame_h1 = lookup.frame_h1
         exchange.decode_chunked = True
         fill = Fill(self, exchange.client, lookup)
@@ -285,8 +247,6 @@ class EdgeCache:
         return fill
 
     def _served(self, exchange: Any, reply: Reply, entry: StoredResponse) -> None:
-        from edge.cache.responses import serve
-
         entry.hits += 1
         self.counters.bytes_served += len(reply.body)
         serve(exchange, exchange.client, reply)

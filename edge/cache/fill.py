@@ -34,24 +34,59 @@ for it (collapsing) get the stored response or go to the origin themselves.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from edge.cache.compress import Encoder, compressible, weak_etag
-from edge.cache.freshness import ResponseFacts
+from edge.cache.config import CacheConfig, CompressionConfig
+from edge.cache.freshness import FreshnessRules, ResponseFacts
+from edge.cache.lookup import CacheCounters, Lookup
 from edge.cache.policy import not_storable, stale_on_error
 from edge.cache.relay import Relay
-from edge.cache.responses import make_head, serve, with_vary
+from edge.cache.responses import Reply, make_head, serve, with_vary
+from edge.cache.store import CacheStore
 from edge.h2_fields import CONNECTION_SPECIFIC
 from edge.http1 import ResponseHeadReceived
 from edge.http1.events import Headers
 
 if TYPE_CHECKING:
-    from edge.cache.cache import EdgeCache, Lookup
     from edge.cache.entry import StoredResponse
 
 __all__ = ["Fill"]
 
 _NOT_FORWARDED = CONNECTION_SPECIFIC | {b"surrogate-control"}
+
+
+class FillOwner(Protocol):
+    """What a fill needs of its cache (:class:`edge.cache.cache.EdgeCache`,
+    which imports this module: the interface is spelled out here)."""
+
+    config: CacheConfig
+    compression: CompressionConfig
+    freshness: FreshnessRules
+    store: CacheStore
+    counters: CacheCounters
+    hidden_fields: frozenset[bytes]
+    status_name: bytes
+
+    def reply(
+        self, lookup: Lookup, entry: StoredResponse, *, status: bytes, extra: Any = ()
+    ) -> Reply: ...
+    def freshen(
+        self,
+        entry: StoredResponse,
+        head: ResponseHeadReceived,
+        request_time: float,
+        response_time: float,
+    ) -> StoredResponse: ...
+    def keep(
+        self,
+        fill: Fill,
+        head: ResponseHeadReceived,
+        facts: ResponseFacts,
+        body: bytes,
+        encoded: tuple[str, bytes] | None,
+    ) -> StoredResponse | None: ...
+    def fill_ended(self, fill: Fill) -> None: ...
 
 
 class Fill(Relay):
@@ -84,7 +119,7 @@ class Fill(Relay):
         "waiters",
     )
 
-    def __init__(self, cache: EdgeCache, inner: Any, lookup: Lookup) -> None:
+    def __init__(self, cache: FillOwner, inner: Any, lookup: Lookup) -> None:
         super().__init__(inner)
         self.cache = cache
         self.lookup = lookup

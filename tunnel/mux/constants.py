@@ -108,6 +108,8 @@ class ControlKind(enum.IntEnum):
     # 0x0002-0x00FF: the tunnel's own kinds; unassigned.
     # 0x0100-0x01FF: ACME (challenges, certificates), origin -> edge.
     # 0x0200-0x02FF: CACHE (purges), origin -> edge.
+    CACHE_PURGE = 0x0200
+    """A purge (JSON: url, prefix, tag or all; geoedge/cache_purge.py)."""
     # 0x0300-0xEFFF: unassigned. 0xF000-0xFFFF: private or experimental use.
 
 

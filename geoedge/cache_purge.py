@@ -20,10 +20,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from tunnel.mux import ControlKind
+
 __all__ = ["MAX_VALUES", "PURGE_KIND", "Purge", "PurgeError", "parse_purge"]
 
-PURGE_KIND = 0x0200
-"""The CONTROL frame kind of a purge (origin → edge; CONTROL.md: 0x0200-0x02FF are the cache's)."""
+PURGE_KIND = ControlKind.CACHE_PURGE
+"""The CONTROL frame kind of a purge (origin -> edge, PROTOCOL.md §5.14)."""
 
 MAX_VALUES = 1000
 _KINDS = ("url", "prefix", "tag", "all")
