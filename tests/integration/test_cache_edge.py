@@ -212,3 +212,23 @@ def test_the_cache_metrics_count_hits_and_what_is_held(chain: CacheStack) -> Non
         time.sleep(0.2)
     assert hits() >= 1
     assert "geoedge_edge_cache_bytes " in chain.stack.metrics()
+
+
+def test_the_status_page_has_a_cache_panel_with_the_hit_ratio(chain: CacheStack) -> None:
+    from tests.integration.test_status_page import status, table, until
+
+    port = chain.stack.admin_port
+    status(port)  # the window's first snapshot
+    path = "/status-hit?cc=max-age=60"
+    for _ in range(5):
+        chain.fetch(path)
+
+    def panel() -> list[list[str]] | None:
+        rows = table(status(port), "Cache")
+        ratio = next((row[1] for row in rows if row[0] == "hit ratio"), "-")
+        return rows if ratio != "-" else None
+
+    rows = until(panel)
+    assert rows is not None, "no cache figures on the status page"
+    held = next(row[1] for row in rows if row[0] == "held")
+    assert "responses" in held and "MiB" in held
