@@ -232,3 +232,26 @@ def test_the_status_page_has_a_cache_panel_with_the_hit_ratio(chain: CacheStack)
     assert rows is not None, "no cache figures on the status page"
     held = next(row[1] for row in rows if row[0] == "held")
     assert "responses" in held and "MiB" in held
+
+
+def test_over_http2_misses_are_stored_hits_served_and_compressed_bodies_framed_whole(
+    chain: CacheStack,
+) -> None:
+    from tests.h2_client import H2Client
+
+    client = H2Client(chain.stack.https_port, chain.stack.pki.ca)
+    try:
+        miss_path = "/h2?cc=public,max-age=60&size=30000&type=text/html&chunked=1"
+        [first] = client.wait([client.request(miss_path, headers=[("accept-encoding", "gzip")])])
+        [second] = client.wait([client.request(miss_path, headers=[("accept-encoding", "gzip")])])
+        [plain] = client.wait([client.request(miss_path)])
+    finally:
+        client.close()
+    assert first.status == second.status == plain.status == 200
+    assert first.header(b"content-encoding") == b"gzip"
+    assert first.header(b"transfer-encoding") is None
+    assert gzip.decompress(bytes(first.data)) == bytes(plain.data)
+    assert len(plain.data) == 30000
+    assert b"hit" in (second.header(b"cache-status") or b"")
+    assert gzip.decompress(bytes(second.data)) == bytes(plain.data)
+    assert chain.count("/h2") == 1
