@@ -71,6 +71,20 @@ $(TOOLS)/h2spec:
 	    || echo "h2spec could not be built: its test will skip"; \
 	else echo "no Go toolchain: the h2spec test will skip"; fi
 	@touch $@.tried
+# Pebble (Let's Encrypt's test CA) and pebble-challtestsrv (its DNS) for the
+# ACME tests, which fail without them where CI=true (they skip elsewhere).
+PEBBLE_VERSION := v2.10.3
+$(TOOLS)/pebble:
+	@mkdir -p $(TOOLS)
+	@if command -v go >/dev/null; then \
+	  GOBIN=$(abspath $(TOOLS)) go install \
+	    github.com/letsencrypt/pebble/v2/cmd/pebble@$(PEBBLE_VERSION) \
+	    github.com/letsencrypt/pebble/v2/cmd/pebble-challtestsrv@$(PEBBLE_VERSION) \
+	    || echo "pebble could not be built: the ACME tests cannot run"; \
+	else echo "no Go toolchain: the ACME tests cannot run"; fi
+	@touch $@.tried
+tools: $(TOOLS)/h2spec $(TOOLS)/pebble $(TOOLS)/cache-tests/.stamp-$(CACHE_TESTS_VERSION)
+
 # http-tests/cache-tests (npm http-cache-tests, pinned in loadtests/cache_tests.py):
 # the cache's conformance suite, which `make test` runs through the chain.
 CACHE_TESTS_VERSION := 0.4.5
@@ -79,7 +93,6 @@ $(TOOLS)/cache-tests/.stamp-$(CACHE_TESTS_VERSION): | $(STAMPS)/apt-base
 	npm install --prefix $(TOOLS)/cache-tests --no-audit --no-fund --loglevel=error \
 	  http-cache-tests@$(CACHE_TESTS_VERSION)
 	@touch $@
-tools: $(TOOLS)/h2spec $(TOOLS)/cache-tests/.stamp-$(CACHE_TESTS_VERSION)
 
 # The cache's conformance score through the chain (docs/cache.md).
 cache-tests: venv node tools

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import uvloop
 
+from edge.acme_store import AcmeStore
 from edge.config import EdgeConfig
 from edge.daemon import EdgeDaemon
 from edge.tls import CertificateStore, TlsConfigError
@@ -70,7 +71,9 @@ def preflight(path: str, *, service_gid: int | None) -> tuple[EdgeConfig, Certif
     config = load_config(path, EdgeConfig)
     check_files(edge_files(config), service_gid=service_gid)
     certificates = CertificateStore(
-        config.tls, tuple(listener.alpn for listener in config.listeners)
+        config.tls,
+        tuple(listener.alpn for listener in config.listeners),
+        AcmeStore(config.acme.store_dir) if config.acme.enabled else None,
     )
     for origin in config.origins:
         try:
@@ -115,6 +118,7 @@ def _check(path: str, service_gid: int | None) -> int:
         return 2
     print(
         f"{path}: ok ({len(config.tls.certificates)} certificate(s), "
+        f"{0 if certificates.acme is None else len(certificates.acme)} ACME certificate(s), "
         f"{certificates.staples} OCSP response(s), {len(config.origins)} origin(s); "
         f"files checked as {_whoami()})"
     )

@@ -133,7 +133,9 @@ HSTS_PRELOAD_MIN_AGE_S = 31_536_000
 @dataclass(frozen=True, slots=True)
 class TlsConfig:
     certificates: tuple[CertificateConfig, ...] = ()
-    """Certificates; the first is the default for unknown or missing SNI."""
+    """Certificates; the first is the default for unknown or missing SNI. They
+    take precedence over the origin's ACME certificates for their names.
+    Empty only with ``[acme] enabled``."""
     min_version: Literal["TLSv1.2", "TLSv1.3"] = "TLSv1.2"
     max_version: Literal["TLSv1.2", "TLSv1.3"] = "TLSv1.3"
     ciphers: str = MOZILLA_INTERMEDIATE_CIPHERS
@@ -164,8 +166,6 @@ class TlsConfig:
     max-age of a year or more, and is hard to undo)."""
 
     def __post_init__(self) -> None:
-        if not self.certificates:
-            raise ValueError("at least one [[tls.certificates]] entry is needed")
         if self.min_version == "TLSv1.3" and self.max_version == "TLSv1.2":
             raise ValueError("min_version is above max_version")
         for group in self.groups:
@@ -278,6 +278,20 @@ class AdminConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AcmeConfig:
+    """Certificates issued by the origin's ACME client (docs/acme.md): the
+    origin sends them, and the challenges it must answer, over the tunnels."""
+
+    enabled: bool = False
+    """Take certificates and ACME challenges from the origins. Off: the edge
+    answers their messages "unknown kind" and serves its files only."""
+    store_dir: Path = Path("/var/lib/geoedge/edge-acme")
+    """Where issued certificates and their keys are kept (one file each, mode
+    0600; the directory 0700, created if missing), so the edge serves them
+    after a restart without its origin. The unit's StateDirectory."""
+
+
+@dataclass(frozen=True, slots=True)
 class EdgeConfig:
     edge: EdgeSection
     tls: TlsConfig
@@ -288,11 +302,16 @@ class EdgeConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     tunnel: SessionConfig = field(default_factory=SessionConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
+    acme: AcmeConfig = field(default_factory=AcmeConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
 
     def __post_init__(self) -> None:
         if not self.origins:
             raise ValueError("at least one [[origins]] entry is needed")
+        if not self.tls.certificates and not self.acme.enabled:
+            raise ValueError(
+                "at least one [[tls.certificates]] entry is needed (or [acme] enabled = true)"
+            )
         if not self.listeners:
             raise ValueError("at least one [[listeners]] entry is needed")

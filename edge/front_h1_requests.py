@@ -38,6 +38,7 @@ from edge.http1 import (
     TunnelBytes,
     https_location,
     redirect_response,
+    text_response,
 )
 from edge.request_record import own_record, user_agent_of
 from edge.services import EdgeServices
@@ -213,6 +214,12 @@ class Http1Requests:
             self.responses.answer_own(own_record(429, "request rate limit", "rejected", head))
             return
         path = head.target.decode("latin-1")
+        if self._redirect:  # plain HTTP: an ACME HTTP-01 challenge the edge holds?
+            key_authorization = services.acme_http01(head.host, path)
+            if key_authorization is not None:
+                record = own_record(200, "ACME HTTP-01 challenge", "ok", head)
+                self.responses.answer_with(record, text_response(key_authorization))
+                return
         redirect = services.redirect
         if (
             self._redirect

@@ -89,6 +89,18 @@ class EdgeMetrics:
             ("origin",),
             buckets=_RTT_BUCKETS,
         )
+        self.acme_events = m.counter(
+            "acme_events",
+            "ACME messages from the origin, by what became of them, and HTTP-01 answers",
+            ("event",),
+        )
+        self.acme_certificate_expiry = m.gauge(
+            "acme_certificate_expiry_timestamp_seconds",
+            "notAfter (Unix time) of the ACME certificate served for each name: the"
+            " earliest any live worker serves",
+            ("certificate", "name"),
+            mode="livemin",
+        )
         self.cache_events = m.counter(
             "cache_events",
             "What the edge's cache did: hit, miss, stale (served stale), revalidated,"

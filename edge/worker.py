@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -30,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from edge.acme_responder import AcmeResponder
 from edge.admission import ConnectionAdmission, RequestRate
 from edge.cache import EdgeCache
 from edge.cache.allocator import bound_large_blocks
@@ -44,6 +46,7 @@ from edge.metrics import EdgeMetrics
 from edge.origins import OriginSet
 from edge.services import ClientConnection, ClientFacts
 from edge.tls import CertificateStore
+from geoedge.acme_wire import ACME_CERTIFICATE_SET, ACME_KINDS
 from geoedge.cache_purge import PurgeError, parse_purge
 from geoedge.logs import AccessLog, LogThrottle
 from geoedge.metrics import ProcessMetrics, Tally
@@ -106,6 +109,19 @@ class EdgeWorker:
             limits.max_connections, limits.max_connections_per_client_ip
         )
         self.request_rate = RequestRate(limits.requests_per_s_per_client_ip, limits.request_burst)
+        #: The worker's ACME tables (None without [acme] enabled).
+        self.acme = (
+            None
+            if certificates.acme is None
+            else AcmeResponder(
+                certificates.acme,
+                plain_http=config.redirect is not None,
+                on_event=lambda event: self.tally.add(self.metrics.acme_events, event),
+            )
+        )
+        if self.acme is not None:
+            for kind in ACME_KINDS:
+                self.control_handlers.add(kind, functools.partial(self._on_acme, kind))
         self.cache: EdgeCache | None = None
         self._cache_seen: dict[str, int] = {}
         self._cache_bytes_seen = 0
@@ -123,6 +139,10 @@ class EdgeWorker:
     # -- life cycle -----------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.certificates.acme is not None:
+            # What other workers stored since the supervisor forked this one.
+            self.certificates.load_acme()
+            self._export_acme()
         self.origins.start()
         for listener, sock in self._sockets:
             self._listeners.append(self._listen(listener, sock))
@@ -241,6 +261,7 @@ class EdgeWorker:
                 self.access_log.flush()
             self._sweep_connections(time.monotonic())
             self._export_tunnel_metrics()
+            self._export_acme()
             self._export_cache_metrics()
 
     def _sweep_connections(self, now: float) -> None:
@@ -248,6 +269,27 @@ class EdgeWorker:
         # alive (the sweep never returns) until the next sweep found another.
         for connection in list(self.connections):
             connection.sweep(now)
+
+    def _export_acme(self) -> None:
+        acme = self.certificates.acme
+        if acme is None:
+            return
+        gauge = self.metrics.acme_certificate_expiry
+        for stored in acme.certificates():
+            for name in stored.names:
+                gauge.labels(stored.id, name).set(stored.not_after)
+
+    def _on_acme(self, kind: int, body: bytes) -> ControlReply:
+        """A CONTROL message of an ACME kind (geoedge.acme_wire), applied here."""
+        assert self.acme is not None
+        applied = self.acme.apply(kind, body)
+        if applied.applied and kind == ACME_CERTIFICATE_SET:
+            self._export_acme()
+        status = ControlStatus.APPLIED if applied.applied else ControlStatus.REFUSED
+        return ControlReply(status, applied.reason)
+
+    def acme_http01(self, host: str | None, path: str) -> str | None:
+        return None if self.acme is None else self.acme.http01_answer(host, path)
 
     def _export_tunnel_metrics(self) -> None:
         self.metrics.connections_open.set(len(self.connections))

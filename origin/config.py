@@ -19,6 +19,7 @@ from typing import Literal
 
 from geoedge.config import load_config
 from geoedge.logs import parse_level
+from origin.acme.config import AcmeConfig
 from origin.hash_key import HashKey
 from tunnel.aio.transport import TunnelListenerConfig, is_host_name, parse_host_port
 from tunnel.mux import SessionConfig
@@ -276,6 +277,8 @@ class OriginConfig:
     tunnel: SessionConfig = field(default_factory=SessionConfig)
     """Tunnel tuning (windows, ping, limits)."""
     admin: AdminConfig = field(default_factory=AdminConfig)
+    acme: AcmeConfig | None = None
+    """Certificates for the edges from an ACME CA (docs/acme.md); none: off."""
 
     def __post_init__(self) -> None:
         if not self.pools:

@@ -66,6 +66,7 @@ from geoedge.status_window import MetricsWindow
 from geoedge.systemd import ServiceNotifier, listen_sockets
 from geoedge.workers import Supervisor, WorkerContext, listen_control
 from origin import cache_purge
+from origin.acme_service import AcmeService, encode_for_pipe
 from origin.admission import TlsAudit
 from origin.config import OriginConfig, load_origin_config
 from origin.control import ControlPlane
@@ -112,6 +113,7 @@ class OriginDaemon:
         self.worker: OriginWorker | None = None
         self.admin: AdminServer | None = None
         self.edge_control: EdgeControl | None = None
+        self.acme: AcmeService | None = None
         # Made anew by each run(): a stop() before it does not stop the next run.
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
@@ -166,6 +168,13 @@ class OriginDaemon:
             if self.worker is not None
             else EdgeControl(ask_workers=self.supervisor.request if self.supervisor else None)
         )
+        self.acme = (
+            None
+            if config.acme is None
+            else AcmeService(
+                config.acme, self.broadcast_control, self._publish_acme, control_metrics
+            )
+        )
         status = OriginStatus(
             config.origin.id,
             MetricsWindow(lambda: merged_families(registries)),
@@ -186,6 +195,8 @@ class OriginDaemon:
                 await self.admin.start()
             except OSError as exc:
                 raise ListenError("[admin] address", config.admin.address, exc) from None
+            if self.acme is not None:
+                await self.acme.start()
             if self.worker is not None:
                 await self.worker.start(
                     sock=self._sock, ssl_context=self._ssl, tls_audit=self._audit
@@ -212,6 +223,8 @@ class OriginDaemon:
                     systemd.cancel()
                     self.notifier.close()
         finally:
+            if self.acme is not None:
+                await self.acme.close()
             await self.admin.close()
             await self.control.close()
             self._sock.close()
@@ -306,6 +319,15 @@ class OriginDaemon:
         if self.supervisor is not None:
             self.supervisor.broadcast({"op": "pools", "pools": encode_snapshots(snapshots)})
 
+    def _publish_acme(self, messages: list[tuple[int, bytes]]) -> None:
+        """The current ACME certificates to the workers (for edges that connect later)."""
+        if self.worker is not None:
+            self.worker.acme.replace(messages)
+        if self.supervisor is not None:
+            self.supervisor.broadcast(
+                {"op": "acme_certificates", "messages": encode_for_pipe(messages)}
+            )
+
     def _on_worker_exit(self, pid: int, code: int) -> None:
         process_exited(pid)
         supervisor, control = self.supervisor, self.control
@@ -356,6 +378,7 @@ class OriginDaemon:
             web.post("/backends/{pool}/{address}/undrain", self._drain),
             *(self.edge_control.routes() if self.edge_control is not None else ()),
             *cache_purge.routes(self.broadcast_control),
+            *(self.acme.routes() if self.acme is not None else ()),
         ]
 
     async def _backends(self, request: web.Request) -> web.Response:
@@ -401,6 +424,7 @@ class OriginDaemon:
             metrics=WorkerMetrics(),
             access_log=access_log,
             process_metrics=True,
+            acme_messages=self.acme.messages if self.acme is not None else None,
         )
         stopping = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from geoedge.logs import log_event
 from origin.admission import refusal_reason
@@ -41,12 +42,15 @@ class EdgeConnections:
     streams elsewhere).
     """
 
-    __slots__ = ("_connections", "_going_away", "_metrics")
+    __slots__ = ("_connections", "_going_away", "_metrics", "on_edge")
 
     def __init__(self, metrics: WorkerMetrics) -> None:
         self._metrics = metrics
         self._connections: set[TunnelConnection] = set()
         self._going_away = False
+        #: Called with each connection once established (the worker sends a
+        #: newly connected edge the current ACME certificates from here).
+        self.on_edge: Callable[[TunnelConnection], None] | None = None
 
     def __len__(self) -> int:
         return len(self._connections)
@@ -72,6 +76,8 @@ class EdgeConnections:
         )
         if self._going_away:
             connection.go_away(GOING_AWAY)
+        elif self.on_edge is not None:
+            self.on_edge(connection)
 
         def gone(_: object) -> None:
             self._connections.discard(connection)

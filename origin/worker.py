@@ -28,6 +28,7 @@ abort what is left.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import socket
 import ssl
@@ -38,6 +39,7 @@ from typing import Any
 
 from geoedge.logs import AccessLog, log_event
 from geoedge.metrics import ProcessMetrics, Tally
+from origin.acme_edges import NewEdgeCertificates
 from origin.admission import TlsAudit
 from origin.balancer import BackendPool
 from origin.config import OriginConfig
@@ -86,6 +88,7 @@ class OriginWorker:
         access_log: AccessLog | None = None,
         process_metrics: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        acme_messages: list[tuple[int, bytes]] | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics or WorkerMetrics()
@@ -103,6 +106,9 @@ class OriginWorker:
             config.origin.id, self.metrics, self.tally, access_log, clock
         )
         self.edges = EdgeConnections(self.metrics)
+        #: The current ACME certificates, sent to each edge as it connects.
+        self.acme = NewEdgeCertificates(acme_messages)
+        self.edges.on_edge = self.acme.on_edge
         #: What the origin answers to the edges' CONTROL messages: ECHO alone.
         self.control_handlers = ControlHandlers({ControlKind.ECHO: echo})
         self.deadlines = DeadlineSweep(self.dispatcher, self.metrics, self._loop)
@@ -192,6 +198,8 @@ class OriginWorker:
         """A message from the parent (:func:`geoedge.workers.listen_control`)."""
         if message.get("op") == "pools":
             self.apply_snapshots(decode_snapshots(message["pools"]))
+        elif message.get("op") == "acme_certificates":
+            self.acme.replace([(int(k), base64.b64decode(b)) for k, b in message["messages"]])
         else:
             log.warning("unknown control message %r", message.get("op"))
 

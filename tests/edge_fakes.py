@@ -183,6 +183,9 @@ class FakeServices:
     def admit(self, client_ip: str) -> Any:
         return lambda: None
 
+    def acme_http01(self, host: str | None, path: str) -> str | None:
+        return None
+
     def connection_opened(self, connection: Any, facts: Any) -> None:
         self.connections.add(connection)
 

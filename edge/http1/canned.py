@@ -1,5 +1,5 @@
-"""Responses the edge writes itself: errors (400, 431, 502, 503, 504...) and the
-plain-HTTP → HTTPS redirect.
+"""Responses the edge writes itself: errors (400, 431, 502, 503, 504...), the
+plain-HTTP → HTTPS redirect and the answer to an ACME HTTP-01 challenge.
 
 Small, complete and unambiguous: a status line with the standard reason
 phrase, ``Content-Type``, ``Content-Length``, ``Connection: close`` (unless
@@ -87,6 +87,21 @@ def redirect_response(location: str) -> bytes:
         f"Location: {location}\r\n"
         "Content-Type: text/plain; charset=utf-8\r\n"
         f"Content-Length: {len(payload)}\r\n"
+        "Connection: close\r\n"
+        "\r\n"
+    )
+    return head.encode("ascii") + payload
+
+
+def text_response(body: str) -> bytes:
+    """A ``200 OK`` with ``body`` (ASCII text, e.g. an ACME key authorization,
+    RFC 8555 §8.3) that closes the connection and is never cached."""
+    payload = body.encode("ascii")
+    head = (
+        "HTTP/1.1 200 OK\r\n"
+        "Content-Type: application/octet-stream\r\n"
+        f"Content-Length: {len(payload)}\r\n"
+        "Cache-Control: no-store\r\n"
         "Connection: close\r\n"
         "\r\n"
     )

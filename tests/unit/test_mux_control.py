@@ -63,7 +63,13 @@ def controls_in(frames: list) -> list[tuple[int, int, bytes]]:
 
 def test_control_numbers_match_the_spec() -> None:
     assert FrameType.CONTROL == 0xA
-    assert [(k.name, k.value) for k in ControlKind] == [("ACK", 0), ("ECHO", 1)]
+    assert [(k.name, k.value) for k in ControlKind] == [
+        ("ACK", 0),
+        ("ECHO", 1),
+        ("ACME_CHALLENGE_SET", 0x0100),
+        ("ACME_CHALLENGE_CLEAR", 0x0101),
+        ("ACME_CERTIFICATE_SET", 0x0102),
+    ]
     assert [(s.name, s.value) for s in ControlStatus] == [
         ("APPLIED", 0),
         ("REFUSED", 1),

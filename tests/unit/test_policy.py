@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge.origins import RTT_SLACK, OriginCandidate, choose_origin
+from tests.example_budget import examples
 from tunnel.policy import Backoff, Pacer, choose_connection
 
 
@@ -77,7 +78,7 @@ def test_a_steady_rate_at_the_pacers_rate_never_waits() -> None:
     assert all(pacer.delay(i / 50) < 1e-9 for i in range(1000))  # float rounding only
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200))
 @given(
     st.lists(st.floats(0.0, 5.0), max_size=300).map(sorted),
     st.sampled_from([(50.0, 50), (10.0, 1), (100.0, 5)]),

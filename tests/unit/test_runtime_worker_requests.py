@@ -76,8 +76,9 @@ def test_requests_gather_one_answer_per_worker(tmp_path: Path) -> None:
         assert [(a.result, a.error) for a in failed] == [(None, "ValueError")] * 2
         big = await supervisor.request({"op": "big"}, scaled(10))
         assert [a.error for a in big] == ["ReplyTooLarge"] * 2
-        # Slot 0 answers, slot 1 never does: the wait ends at its timeout.
-        hung = await supervisor.request({"op": "hang"}, 0.5)
+        # Slot 0 answers, slot 1 never does: the wait ends at its timeout (long
+        # enough for slot 0 on a loaded machine: it is the positive check).
+        hung = await supervisor.request({"op": "hang"}, scaled(3))
         assert hung[0].result is not None and hung[0].result["index"] == 0
         assert hung[1] == WorkerAnswer(1, pids[1], error="timeout")
         # A worker that dies while asked ends its part of the wait at once.

@@ -107,6 +107,9 @@ class ControlKind(enum.IntEnum):
     ECHO = 0x0001
     # 0x0002-0x00FF: the tunnel's own kinds; unassigned.
     # 0x0100-0x01FF: ACME (challenges, certificates), origin -> edge.
+    ACME_CHALLENGE_SET = 0x0100
+    ACME_CHALLENGE_CLEAR = 0x0101
+    ACME_CERTIFICATE_SET = 0x0102
     # 0x0200-0x02FF: CACHE (purges), origin -> edge.
     CACHE_PURGE = 0x0200
     """A purge (JSON: url, prefix, tag or all; geoedge/cache_purge.py)."""
