@@ -28,7 +28,7 @@ import zstandard
 from edge.cache.config import CompressionConfig
 from edge.cache.directives import field_values, parse_directives, split_list
 
-__all__ = ["Encoder", "compress_whole", "compressible", "negotiate", "weak_etag"]
+__all__ = ["Encoder", "compress_whole", "compressible", "encoded_fields", "negotiate", "weak_etag"]
 
 Fields = Sequence[tuple[bytes, bytes]]
 
@@ -102,6 +102,19 @@ def weak_etag(value: bytes) -> bytes:
     """A strong entity tag made weak (a compressed body is not the same octets)."""
     value = value.strip()
     return value if value[:2] == b"W/" else b"W/" + value
+
+
+def encoded_fields(fields: Fields, coding: str) -> list[tuple[bytes, bytes]]:
+    """A response's fields once its body is compressed with ``coding``: its
+    length and digest dropped (they were the identity body's), its ``ETag``
+    weak, ``Content-Encoding`` added."""
+    out = [
+        (name, weak_etag(value) if name == b"etag" else value)
+        for name, value in fields
+        if name not in (b"content-length", b"content-md5")
+    ]
+    out.append((b"content-encoding", coding.encode("ascii")))
+    return out
 
 
 class Encoder:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from edge.cache.compress import Encoder, compressible, weak_etag
+from edge.cache.compress import Encoder, compressible, encoded_fields
 from edge.cache.config import CacheConfig, CompressionConfig
 from edge.cache.freshness import FreshnessRules, ResponseFacts
 from edge.cache.lookup import CacheCounters, Lookup
@@ -289,12 +289,7 @@ class Fill(Relay):
             self.encoder = Encoder(coding, config)
             if self.parts is not None:
                 self.encoded_parts = []
-            out = [
-                (n, weak_etag(v) if n == b"etag" else v)
-                for n, v in out
-                if n not in (b"content-length", b"content-md5")
-            ]
-            out.append((b"content-encoding", coding.encode("ascii")))
+            out = encoded_fields(out, coding)
             length = None
         no_body = lookup.head_only or head.status in (204, 304)
         if no_body:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from edge.cache.compress import encoded_fields
 from edge.cache.conditions import UNSATISFIABLE, byte_range, not_modified
 from edge.http1 import ResponseHeadReceived
 
@@ -140,12 +141,7 @@ def stored_reply(
             head = make_head(206, b"Partial Content", fields, length=len(part))
             return Reply(head, b"" if head_only else part)
     if coding is not None and encoded is not None:
-        fields = [
-            (n, weak_or(v) if n == b"etag" else v)
-            for n, v in fields
-            if n not in (b"content-length", b"content-md5")
-        ]
-        fields.append((b"content-encoding", coding.encode("ascii")))
+        fields = encoded_fields(fields, coding)
         body = encoded
     fields += [(b"age", age), (b"cache-status", cache_status), *extra]
     head = make_head(status, entry.reason, fields, length=len(body))
@@ -184,11 +180,6 @@ def _plain_reply(
         chunked=False,
     )
     return Reply(response, b"" if head_only else entry.body)
-
-
-def weak_or(value: bytes) -> bytes:
-    value = value.strip()
-    return value if value[:2] == b"W/" else b"W/" + value
 
 
 def serve(exchange: Any, client: Any, reply: Reply, *, finish: bool = True) -> None:

@@ -131,10 +131,8 @@ def test_a_miss_is_compressed_on_its_way_and_its_chunks_are_whole(chain: CacheSt
     assert chain.count("/chunked") == 1
 
 
-def test_one_hundred_concurrent_requests_for_a_cold_key_reach_node_once(
-    chain: CacheStack,
-) -> None:
-    path = "/cold?cc=public,max-age=60&delay=300"
+def concurrent_gets(chain: CacheStack, path: str, count: int) -> list[tuple[int, bytes]]:
+    """``count`` GETs of ``path`` at once, each on a connection of its own."""
     context = ssl.create_default_context(cafile=str(chain.stack.pki.ca))
     url = f"https://localhost:{chain.stack.https_port}{path}"
 
@@ -145,9 +143,15 @@ def test_one_hundred_concurrent_requests_for_a_cold_key_reach_node_once(
     async def all_at_once() -> list[tuple[int, bytes]]:
         connector = aiohttp.TCPConnector(limit=0, force_close=True)
         async with aiohttp.ClientSession(connector=connector) as session:
-            return await asyncio.gather(*(one(session) for _ in range(100)))
+            return await asyncio.gather(*(one(session) for _ in range(count)))
 
-    replies = run_async(all_at_once(), timeout=60)
+    return run_async(all_at_once(), timeout=60)
+
+
+def test_one_hundred_concurrent_requests_for_a_cold_key_reach_node_once(
+    chain: CacheStack,
+) -> None:
+    replies = concurrent_gets(chain, "/cold?cc=public,max-age=60&delay=300", 100)
     assert [status for status, _ in replies] == [200] * 100
     assert len({body for _, body in replies}) == 1
     assert chain.count("/cold") == 1
@@ -156,21 +160,8 @@ def test_one_hundred_concurrent_requests_for_a_cold_key_reach_node_once(
 def test_waiters_go_to_the_origin_themselves_when_the_answer_is_not_storable(
     chain: CacheStack,
 ) -> None:
-    path = "/uncacheable?cc=no-store&delay=200"
-    context = ssl.create_default_context(cafile=str(chain.stack.pki.ca))
-    url = f"https://localhost:{chain.stack.https_port}{path}"
-
-    async def one(session: aiohttp.ClientSession) -> int:
-        async with session.get(url, ssl=context) as response:
-            await response.read()
-            return response.status
-
-    async def ten() -> list[int]:
-        connector = aiohttp.TCPConnector(limit=0, force_close=True)
-        async with aiohttp.ClientSession(connector=connector) as session:
-            return await asyncio.gather(*(one(session) for _ in range(10)))
-
-    assert run_async(ten(), timeout=60) == [200] * 10
+    replies = concurrent_gets(chain, "/uncacheable?cc=no-store&delay=200", 10)
+    assert [status for status, _ in replies] == [200] * 10
     assert chain.count("/uncacheable") == 10
 
 
