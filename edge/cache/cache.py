@@ -236,7 +236,9 @@ class EdgeCache:
         )
         background.stale = entry
         self._validate(sibling, background, entry)
-        asyncio.get_running_loop().call_later(self.response_timeout_s, sibling.time_out)
+        asyncio.get_running_loop().call_later(
+            self.response_timeout_s, lambda: sibling.finished or sibling.time_out()
+        )
         sibling.forward()
 
     def _go_up(self, exchange: Any, lookup: Lookup) -> Fill:
@@ -358,11 +360,16 @@ class EdgeCache:
         if self.fills.get(key.key) is fill:
             del self.fills[key.key]
         stored = fill.stored is not None or fill.swallow
-        if not stored and fill.facts is not None:
+        refused = fill.facts is not None and fill.parts is None  # not storable, or too large
+        if not stored and refused:
             self._mark_pass(key.key)
+        # The leader's client went away mid-fetch: one waiter fetches for the
+        # others again. Otherwise (stored, not storable, the origin failed)
+        # each goes its own way at once, never in a queue behind another.
+        again = not stored and not refused and fill.client_gone
         waiters, fill.waiters = fill.waiters, []
         for waiter in waiters:
-            self.resume(waiter, collapse=False)
+            self.resume(waiter, collapse=again)
 
     # -- purge and invalidation --------------------------------------------------------
 

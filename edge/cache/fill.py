@@ -102,6 +102,7 @@ class Fill(Relay):
     __slots__ = (
         "cache",
         "chunk",
+        "client_gone",
         "encoded_parts",
         "encoder",
         "exchange",
@@ -132,6 +133,7 @@ class Fill(Relay):
         self.encoder: Encoder | None = None
         self.encoded_parts: list[bytes] | None = None
         self.chunk = False
+        self.client_gone = False
         self.swallow = False
         self.served_stale = False
         self.stored: StoredResponse | None = None
@@ -233,6 +235,7 @@ class Fill(Relay):
         self.inner.answer(exchange, status)
 
     def exchange_finished(self, exchange: Any) -> None:
+        self.client_gone = exchange.record.outcome == "client_closed"
         self.inner.exchange_finished(exchange)
         self.cache.fill_ended(self)
 

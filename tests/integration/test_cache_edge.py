@@ -246,3 +246,50 @@ def test_over_http2_misses_are_stored_hits_served_and_compressed_bodies_framed_w
     assert b"hit" in (second.header(b"cache-status") or b"")
     assert gzip.decompress(bytes(second.data)) == bytes(plain.data)
     assert chain.count("/h2") == 1
+
+
+def collapsed_so_far(chain: CacheStack) -> float:
+    for line in chain.stack.metrics().splitlines():
+        if line.startswith('geoedge_edge_cache_events_total{event="collapsed"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_when_the_first_asker_goes_away_one_waiter_fetches_for_the_others(
+    chain: CacheStack,
+) -> None:
+    path = "/abandoned?cc=public,max-age=60&delay=4000"
+    context = ssl.create_default_context(cafile=str(chain.stack.pki.ca))
+    url = f"https://localhost:{chain.stack.https_port}{path}"
+    before = collapsed_so_far(chain)
+
+    async def leader_gives_up() -> None:
+        from tests.h2_client import H2Client
+
+        client = H2Client(chain.stack.https_port, chain.stack.pki.ca)
+        stream = client.request(path, authority=f"localhost:{chain.stack.https_port}")
+        # Its fetch is in flight until the five others wait behind it (the
+        # metrics say so within a sweep); then it resets its stream, which
+        # cancels its exchange at once (an HTTP/1.1 client that goes quietly
+        # is noticed only when its response is written).
+        async with asyncio.timeout(scaled(30)):
+            while await asyncio.to_thread(collapsed_so_far, chain) < before + 5:
+                await asyncio.sleep(0.1)
+        client.conn.reset_stream(stream)
+        client.flush()
+        client.close()
+
+    async def waiter(session: aiohttp.ClientSession) -> int:
+        await asyncio.sleep(0.2)
+        async with session.get(url, ssl=context) as response:
+            await response.read()
+            return response.status
+
+    async def run() -> list[int]:
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            results = await asyncio.gather(leader_gives_up(), *(waiter(session) for _ in range(5)))
+        return [r for r in results if r is not None]
+
+    assert run_async(run(), timeout=90) == [200] * 5
+    assert chain.count("/abandoned") == 2  # the abandoned fetch, then one for the five
