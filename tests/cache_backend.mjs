@@ -4,12 +4,13 @@
 //
 //   GET /any/path?cc=public,max-age=60&vary=Accept&cookie=a%3Db&tag=t1%20t2
 //        &type=text/plain&size=2000&delay=300&etag=%22v1%22&lm=<http date>
-//        &status=200&chunked=1&echo=x-forwarded-host
+//        &status=200&chunked=1&echo=x-forwarded-host&fail_after=N
 //   -> the status, Cache-Control `cc`, Vary `vary`, Set-Cookie `cookie`,
 //      Surrogate-Key `tag`, Content-Type `type` (default text/plain), ETag,
 //      Last-Modified; a body of `size` octets (default: a JSON description
 //      of the request), after `delay` ms, chunked when `chunked=1`. A request
-//      whose If-None-Match equals `etag` gets a 304.
+//      whose If-None-Match equals `etag` gets a 304; past the `fail_after`th
+//      request for the path, a 503.
 //   GET /_count?path=/any/path  -> {"count": N} (requests seen for that path)
 //
 // Usage: node cache_backend.mjs PORT
@@ -45,6 +46,10 @@ const server = http.createServer((req, res) => {
       return
     }
     res.statusCode = parseInt(q.get('status') || '200', 10)
+    if (q.has('fail_after') && n > parseInt(q.get('fail_after'), 10)) {
+      res.statusCode = 503 // the origin in trouble: later requests fail
+      res.setHeader('cache-control', 'no-store')
+    }
     let body
     if (q.has('size')) {
       const size = parseInt(q.get('size'), 10)

@@ -293,3 +293,31 @@ def test_when_the_first_asker_goes_away_one_waiter_fetches_for_the_others(
 
     assert run_async(run(), timeout=90) == [200] * 5
     assert chain.count("/abandoned") == 2  # the abandoned fetch, then one for the five
+
+
+def test_stale_while_revalidate_serves_at_once_and_refreshes_behind(chain: CacheStack) -> None:
+    path = "/swr?cc=max-age=1,stale-while-revalidate=60"
+    chain.fetch(path)
+    time.sleep(1.5)  # stale now, within stale-while-revalidate
+    stale = chain.fetch(path)
+    assert "detail=stale-while-revalidate" in (stale.field("Cache-Status") or "")
+    deadline = time.monotonic() + scaled(10)
+    while chain.count("/swr") < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert chain.count("/swr") == 2  # one revalidation, behind the stale answer
+    fresh = chain.fetch(path)
+    assert (fresh.field("Cache-Status") or "").startswith("test-edge; hit; ttl=")
+
+
+def test_a_stale_response_stands_in_when_the_origin_fails(chain: CacheStack) -> None:
+    path = "/sie?cc=max-age=1&fail_after=1"
+    first = chain.fetch(path)
+    time.sleep(1.5)
+    stood_in = chain.fetch(path)  # the origin answers 503 now
+    assert stood_in.status == 200 and stood_in.body == first.body
+    assert "stale-if-error" in (stood_in.field("Cache-Status") or "")
+    assert chain.count("/sie") == 2
+    strict = "/sie-strict?cc=max-age=1,must-revalidate&fail_after=1"
+    chain.fetch(strict)
+    time.sleep(1.5)
+    assert chain.fetch(strict).status == 503  # must-revalidate: never stale
