@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
 import ssl
 import time
 from collections.abc import Iterator
@@ -321,3 +322,21 @@ def test_a_stale_response_stands_in_when_the_origin_fails(chain: CacheStack) -> 
     chain.fetch(strict)
     time.sleep(1.5)
     assert chain.fetch(strict).status == 503  # must-revalidate: never stale
+
+
+def test_the_access_log_says_what_the_cache_did(chain: CacheStack) -> None:
+    path = "/logged?cc=max-age=60"
+    chain.fetch(path)
+    chain.fetch(path)
+
+    def logged() -> list[str]:
+        found = []
+        for line in chain.stack.log.read_text(errors="replace").splitlines():
+            if line.startswith("{") and '"path":"/logged' in line:
+                found.append(json.loads(line).get("cache"))
+        return found
+
+    deadline = time.monotonic() + scaled(10)
+    while len(logged()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert logged() == ["miss", "hit"]
