@@ -278,7 +278,8 @@ class Fill(Relay):
             status += b"; fwd-status=%d" % head.status
         if reason is None:
             status += b"; stored"
-        out.append((b"cache-status", cache.status_name + b"; " + status))
+        if cache.config.enabled:  # (compression alone: no cache to report on)
+            out.append((b"cache-status", cache.status_name + b"; " + status))
         exchange.record.cache = (
             "miss" if reason is None else ("bypass" if lookup.bypass else "pass")
         )

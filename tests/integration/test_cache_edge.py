@@ -15,9 +15,10 @@ import brotli
 import pytest
 import zstandard
 
-from tests.cache_env import CacheStack, cache_stack
+from tests.cache_env import CacheStack, cache_stack, start_backend
 from tests.conftest import PkiFiles, run_async, scaled
-from tests.edge_env import node_available
+from tests.edge_env import Processes, edge_stack, node_available
+from tests.tunnel_env import free_port
 
 pytestmark = [
     pytest.mark.timeout(scaled(120)),
@@ -340,3 +341,26 @@ def test_the_access_log_says_what_the_cache_did(chain: CacheStack) -> None:
     while len(logged()) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert logged() == ["miss", "hit"]
+
+
+def test_compression_alone_compresses_and_stores_nothing(
+    test_pki: PkiFiles, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    procs = Processes()
+    port = free_port()
+    start_backend(procs, port)
+    extra = "\n[compression]\nenabled = true\n"  # and no [cache]: it is off
+    try:
+        with edge_stack(
+            test_pki, tmp_path_factory.mktemp("alone"), backend_port=port, extra=extra
+        ) as stack:
+            alone = CacheStack(stack, port)
+            path = "/alone?cc=public,max-age=60&size=5000&type=text/html"
+            for _ in range(2):
+                reply = alone.fetch(path, {"Accept-Encoding": "br"})
+                assert reply.field("Content-Encoding") == "br"
+                assert brotli.decompress(reply.body) == alone.fetch(path).body
+                assert reply.field("Cache-Status") is None
+            assert alone.count("/alone") == 4  # nothing stored
+    finally:
+        procs.stop_all()
