@@ -50,6 +50,7 @@ from geoedge.metrics import (
 from geoedge.preflight import ListenError
 from geoedge.status_window import MetricsWindow
 from geoedge.systemd import ServiceNotifier, listen_sockets
+from geoedge.worker_requests import TooManyRequests
 from geoedge.workers import Supervisor, WorkerContext, listen_control
 
 __all__ = ["READY_TIMEOUT_S", "EdgeDaemon", "Sockets", "bind_sockets"]
@@ -81,6 +82,10 @@ def bind_sockets(
         [(setting, address) for _, setting, address in wanted], list(activated or ())
     )
     return [(listener, sock) for (listener, _, _), sock in zip(wanted, sockets, strict=True)]
+
+
+#: How long ``POST /cache/purge`` waits for every worker's answer.
+PURGE_WAIT_S = 5.0
 
 
 class EdgeDaemon:
@@ -211,7 +216,9 @@ class EdgeDaemon:
         }
 
     async def _purge(self, request: web.Request) -> web.Response:
-        """``POST /cache/purge`` (edge.cache.purge): every worker drops what it names."""
+        """``POST /cache/purge`` (geoedge.cache_purge): every worker drops what it
+        names and says how many entries it held; a worker that did not answer
+        within ``PURGE_WAIT_S`` is listed with its error."""
         try:
             purge = parse_purge(await request.read())
         except PurgeError as exc:
@@ -219,8 +226,20 @@ class EdgeDaemon:
         if not self.config.cache.enabled:
             return web.json_response({"error": "the cache is off ([cache] enabled)"}, status=409)
         assert self.supervisor is not None
-        self.supervisor.broadcast({"op": "cache_purge", "purge": purge.as_json()})
-        return web.json_response({"purge": purge.as_json(), "workers": self.supervisor.running})
+        try:
+            answers = await self.supervisor.request(
+                {"op": "cache_purge", "purge": purge.as_json()}, PURGE_WAIT_S
+            )
+        except TooManyRequests as exc:
+            return web.json_response({"error": str(exc)}, status=503)
+        workers = [
+            {"pid": a.pid, "purged": (a.result or {}).get("purged"), "error": a.error}
+            for a in answers
+        ]
+        complete = bool(workers) and all(w["error"] is None for w in workers)
+        return web.json_response(
+            {"purge": purge.as_json(), "complete": complete, "workers": workers}
+        )
 
     # -- worker process ----------------------------------------------------------------
 
@@ -242,7 +261,7 @@ class EdgeDaemon:
             loop.add_signal_handler(sig, stopping.set)
         loop.add_signal_handler(signal.SIGHUP, worker.reload_certificates)
         loop.add_signal_handler(signal.SIGUSR1, worker.reopen_logs)
-        pipe = await listen_control(context, worker.on_control, lambda: None)
+        pipe = await listen_control(context, worker.on_control, lambda: None, worker.on_request)
         await stopping.wait()
         pipe.close()
         await worker.drain()

@@ -345,13 +345,17 @@ class EdgeWorker:
 
     def on_control(self, message: dict[str, Any]) -> None:
         """A message from the parent (:func:`geoedge.workers.listen_control`)."""
-        if message.get("op") == "cache_purge":
-            purge = parse_purge(message["purge"])
-            count = self.cache.purge(purge.kind, purge.values) if self.cache is not None else 0
-            log.info("cache purge %s %s: %d entries", purge.kind, ", ".join(purge.values), count)
-            self._export_cache_metrics()
-        else:
-            log.warning("unknown control message %r", message.get("op"))
+        log.warning("unknown control message %r", message.get("op"))
+
+    async def on_request(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A request from the parent that wants an answer (the admin API's purge)."""
+        if message.get("op") != "cache_purge":
+            raise ValueError(f"unknown request {message.get('op')!r}")
+        purge = parse_purge(message["purge"])
+        count = self.cache.purge(purge.kind, purge.values) if self.cache is not None else 0
+        log.info("cache purge %s %s: %d entries", purge.kind, ", ".join(purge.values), count)
+        self._export_cache_metrics()
+        return {"purged": count}
 
     # -- edge.services.EdgeServices ------------------------------------------------------
 

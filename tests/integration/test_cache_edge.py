@@ -183,6 +183,10 @@ def test_a_purge_by_tag_url_and_prefix_through_the_edge_admin_api(chain: CacheSt
     ):
         status, answer = chain.admin("POST", "/cache/purge", body)
         assert status == 200, answer
+        report = json.loads(answer)
+        assert report["complete"] is True
+        [worker] = report["workers"]  # the one worker purged its one entry
+        assert worker["purged"] == 1 and worker["error"] is None
     for path in (tagged, by_url, by_prefix):
         assert "fwd=uri-miss" in (chain.fetch(path).field("Cache-Status") or "")
     status, answer = chain.admin("POST", "/cache/purge", b'{"tags": "x"}')
