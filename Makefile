@@ -12,8 +12,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
+LOCK := deploy/requirements.lock
 
-.PHONY: venv node tools test test-long mutation lint demo dist cache-tests bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor wan drill restart-test apt-base soak clean
+.PHONY: venv node tools test test-long test-platforms mutation lint lock docs demo dist cache-tests bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor wan drill restart-test apt-base soak clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy), the WAN emulator (iptables, libnetfilter-queue), the
@@ -45,8 +46,11 @@ $(VENV)/bin/python: | $(STAMPS)/apt-base
 
 # The test suite includes a quick run of the WAN proof (locust, matplotlib), so
 # it installs the load extras too.
-$(STAMPS)/py-test: pyproject.toml $(VENV)/bin/python
+# The daemons' dependencies come from the lock file first (exact versions and
+# hashes, as on the hosts: deploy/requirements.lock), then the extras.
+$(STAMPS)/py-test: pyproject.toml $(LOCK) $(VENV)/bin/python
 	@mkdir -p $(STAMPS)
+	$(PY) -m pip install -q --no-deps --require-hashes -r $(LOCK)
 	$(PY) -m pip install -q -e '.[test,load]'
 	@touch $@
 
@@ -98,6 +102,25 @@ $(TOOLS)/cache-tests/.stamp-$(CACHE_TESTS_VERSION): | $(STAMPS)/apt-base
 cache-tests: venv node tools
 	$(PY) -m loadtests.cache_tests
 
+# The lock file every install uses (geoedge.release, cloud-init, CloudFormation,
+# this venv): the runtime dependencies of pyproject.toml resolved for every
+# supported Python (3.11+) and platform, exact versions with every hash. It is
+# resolved within what the test and load extras allow too, so that this venv
+# holds the same versions as the hosts.
+lock: venv
+	$(PY) -m pip install -q uv
+	$(VENV)/bin/uv pip compile pyproject.toml --extra test --extra load --universal \
+	  --python-version 3.11 --no-header --no-annotate -o $(VENV)/dev-constraints.txt
+	$(VENV)/bin/uv pip compile pyproject.toml --universal --python-version 3.11 \
+	  --generate-hashes --no-header --no-annotate -c $(VENV)/dev-constraints.txt -o $(LOCK).new
+	{ echo "# geoedge's runtime dependencies, exact versions with hashes (make lock)."; \
+	  echo "# Installed with: pip install --no-deps --require-hashes -r requirements.lock"; \
+	  cat $(LOCK).new; } > $(LOCK) && rm $(LOCK).new
+
+# The configuration reference, generated from the schemas (a test checks it is current).
+docs: venv
+	$(VENV)/bin/geoedge config --reference > docs/configuration.md
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -105,6 +128,12 @@ lint: venv
 
 test: venv node lint tools
 	$(VENV)/bin/pytest -q
+
+# The wheel from its lock file under every other CPython 3.11+ this machine has
+# (3.12, 3.13 via pyenv here; skipped, saying so, where there is none). Part of
+# `make test` too.
+test-platforms: venv
+	$(VENV)/bin/pytest -q tests/integration/test_platforms.py
 
 # How many deliberate bugs the suite lets through (mutmut on tunnel/mux, edge/http1,
 # origin/balancer.py; tests/mutation_check.py). On demand, not in CI: it takes hours.

@@ -57,8 +57,8 @@ def edge_files(config: EdgeConfig) -> list[FileCheck]:
         ):
             if path is not None:
                 checks.append(FileCheck(path, kind, f"{table} {key}"))  # type: ignore[arg-type]
-    if config.http.access_log not in ("", "-"):
-        checks.append(FileCheck(Path(config.http.access_log), "log file", "[http] access_log"))
+    if config.edge.access_log not in ("", "-"):
+        checks.append(FileCheck(Path(config.edge.access_log), "log file", "[edge] access_log"))
     return checks
 
 

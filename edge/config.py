@@ -9,7 +9,7 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from edge.cache.config import CacheConfig, CompressionConfig
 from edge.http1 import HttpLimits
@@ -46,6 +46,10 @@ class EdgeSection:
     log_json: bool = True
     """JSON lines on stderr (journald); false for a plain line at a terminal
     (``--log-format`` overrides it)."""
+    access_log: str = "-"
+    """One JSON line per request: a file path (reopened on SIGUSR1, for
+    logrotate), ``-`` for stdout, or ``""`` for none. Where the origin has its
+    own, ``[origin] access_log`` (this was ``[http] access_log``)."""
 
     def __post_init__(self) -> None:
         if self.drain_websocket_window_s < 0 or self.drain_timeout_s < 0:
@@ -227,23 +231,37 @@ class HttpConfig:
     send_timeout_s: float = 60.0
     """A client that takes nothing of what is sent to it for this long is cut
     (nginx's ``send_timeout``)."""
+    readiness_path: str = "/_geoedge/readyz"
+    """Answered by the edge itself on every listener, HTTPS and the plain-HTTP
+    one (HAProxy's ``monitor-uri``), for load balancers and DNS health checks
+    that can reach only the traffic ports: ``GET`` or ``HEAD`` gets 200 while
+    the worker that accepted it has a usable tunnel, 503 when it has none or
+    the edge is draining. Never sent to the origin. Empty: off (the path is
+    proxied like any other). The admin listener's ``/livez`` and ``/readyz``
+    say the same per host."""
     limits: HttpLimits = field(default_factory=HttpLimits)
-    access_log: str = "-"
-    """File for JSON access-log lines; ``-`` is stdout, empty disables it."""
+
+    def __post_init__(self) -> None:
+        if self.readiness_path and (
+            not self.readiness_path.startswith("/") or "?" in self.readiness_path
+        ):
+            raise ValueError("readiness_path must be a path starting with '/', without a query")
 
 
 @dataclass(frozen=True, slots=True)
 class LimitsConfig:
-    """Admission, per worker process (edge/admission.py): with N workers an
-    edge holds at most N times each cap."""
+    """Admission (edge/admission.py). The caps are per host: each of the N
+    workers enforces its share (the cap / N, rounded up), so the limit does not
+    grow with the instance size."""
 
     max_connections: int = 10_000
-    """Client connections one worker holds; past it new ones are closed right
+    """Client connections this edge holds; past it new ones are closed right
     after accept(), before any TLS handshake."""
     max_connections_per_client_ip: int = 1024
-    """Client connections from one address (after PROXY protocol) one worker
-    holds; past it new ones are closed at once. Generous by default: carrier
-    and office NAT put many users behind one address."""
+    """Client connections from one address (after PROXY protocol) this edge
+    holds; past it new ones are closed at once. The kernel spreads one
+    client's connections over the workers unevenly, so keep it generous (the
+    default is): carrier and office NAT put many users behind one address."""
     requests_per_s_per_client_ip: float = 0.0
     """Sustained requests a second from one address (token bucket); more get
     429 and a close. 0 turns the limit off."""
@@ -273,8 +291,14 @@ class OriginConfig:
 
 @dataclass(frozen=True, slots=True)
 class AdminConfig:
-    address: str = "127.0.0.1:9100"
-    """/healthz and /metrics; keep it off the public interface."""
+    address: str = "127.0.0.1:7444"
+    """host:port of the admin HTTP listener: /livez, /readyz (and /healthz),
+    /metrics, /status. No authentication: keep it on loopback or a management
+    network. 7444 (the origin's 7445) sits beside the tunnel port 7443, clear
+    of node_exporter's 9100, Envoy's 9901 and the usual exporter ports."""
+
+    def __post_init__(self) -> None:
+        parse_host_port(self.address)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +317,10 @@ class AcmeConfig:
 
 @dataclass(frozen=True, slots=True)
 class EdgeConfig:
+    #: Old key paths that still load, with a deprecation warning naming the new
+    #: one (geoedge.config): the same names as the origin's for the same ideas.
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"http.access_log": "edge.access_log"}
+
     edge: EdgeSection
     tls: TlsConfig
     origins: tuple[OriginConfig, ...]

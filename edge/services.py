@@ -74,6 +74,9 @@ class EdgeServices(ExchangeServices, Protocol):
     def acme_http01(self, host: str | None, path: str) -> str | None:
         """The key authorization answering an ACME HTTP-01 request, or None."""
 
+    def ready(self) -> bool:
+        """This worker has a usable tunnel and is not draining (readiness)."""
+
     def admit(self, client_ip: str) -> Callable[[], None] | None: ...
     def connection_opened(self, connection: ClientConnection, facts: ClientFacts) -> None: ...
     def connection_closed(self, connection: ClientConnection) -> None: ...

@@ -50,6 +50,7 @@ from geoedge.acme_wire import ACME_CERTIFICATE_SET, ACME_KINDS
 from geoedge.cache_purge import PurgeError, parse_purge
 from geoedge.logs import AccessLog, LogThrottle
 from geoedge.metrics import ProcessMetrics, Tally
+from geoedge.workers import resolve_worker_count, worker_share
 from tunnel.aio.control import ControlHandlers, ControlReply, echo
 from tunnel.aio.stream import TunnelStream
 from tunnel.mux import ControlKind, ControlStatus
@@ -105,8 +106,11 @@ class EdgeWorker:
         self.metrics = EdgeMetrics()
         self.process_metrics = ProcessMetrics("edge")
         limits = config.limits
+        # The caps are per host: this worker enforces its share.
+        workers = resolve_worker_count(config.edge.workers)
         self.admission = ConnectionAdmission(
-            limits.max_connections, limits.max_connections_per_client_ip
+            worker_share(limits.max_connections, workers),
+            worker_share(limits.max_connections_per_client_ip, workers),
         )
         self.request_rate = RequestRate(limits.requests_per_s_per_client_ip, limits.request_burst)
         #: The worker's ACME tables (None without [acme] enabled).
@@ -359,6 +363,9 @@ class EdgeWorker:
 
     # -- edge.services.EdgeServices ------------------------------------------------------
 
+    def ready(self) -> bool:
+        return not self.draining and self.origins.any_usable
+
     def new_request_id(self) -> str:
         return f"{self._id_prefix}{next(self._id_counter):08x}"
 
@@ -485,7 +492,7 @@ class _TrustCheckingConnection(Http1Connection):
 
 
 def _open_access_log(config: EdgeConfig) -> AccessLog | None:
-    target = config.http.access_log
+    target = config.edge.access_log
     if not target:
         return None
     return AccessLog(sys.stdout if target == "-" else target, edge_id=config.edge.id)

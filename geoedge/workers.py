@@ -94,6 +94,7 @@ __all__ = [
     "WorkerContext",
     "listen_control",
     "resolve_worker_count",
+    "worker_share",
 ]
 
 log = logging.getLogger("geoedge.workers")
@@ -105,6 +106,12 @@ _PARENT_SIGNALS = (
 #: Bytes of control messages kept for a worker that does not read them; past
 #: this the worker is considered stuck and killed (it will be restarted).
 MAX_CONTROL_BACKLOG = 16 * 1024 * 1024
+
+
+def worker_share(per_host: int, workers: int) -> int:
+    """A worker's share of a cap the config states per host: rounded up, so
+    every worker gets at least 1 of a positive cap (0, "no cap", stays 0)."""
+    return -(-per_host // workers) if per_host > 0 else per_host
 
 
 def resolve_worker_count(workers: int) -> int:

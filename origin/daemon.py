@@ -25,9 +25,12 @@ config file's pools; an invalid file is logged and the old pools stay.
 Settings that need a restart (listener, tunnel tuning, admin address, worker
 count) are reported as such and left as they were.
 
-``/healthz`` is 200 when every worker is running, at least one backend of
+Admin health, two questions (:mod:`geoedge.admin`): ``/readyz`` (and
+``/healthz``) is 200 when every worker is running, at least one backend of
 some pool is healthy and not drained, and no stop has begun: from SIGTERM on
-it answers 503 (``"draining": true``) while the drain runs.
+it answers 503 (``"draining": true``) while the drain runs. ``/livez`` is 200
+while a worker runs and the tunnel listener is open, whatever the backends do:
+a Node.js outage makes the origin not ready, never dead.
 
 ``in_process=True`` runs one worker inside the parent's event loop, with no
 fork and no multiprocess metrics: the same wiring, for tests that need to
@@ -51,6 +54,7 @@ from aiohttp import web
 from prometheus_client.metrics_core import Metric
 
 from geoedge.admin import AdminServer, HealthReport
+from geoedge.cert_expiry import CertificateWatch, tunnel_files
 from geoedge.config import ConfigError
 from geoedge.listening import activated_or_bound
 from geoedge.logs import AccessLog
@@ -175,19 +179,23 @@ class OriginDaemon:
                 config.acme, self.broadcast_control, self._publish_acme, control_metrics
             )
         )
+        certificates = CertificateWatch(tunnel_files(listener.cert, listener.ca))
         status = OriginStatus(
             config.origin.id,
             MetricsWindow(lambda: merged_families(registries)),
             self.control,
             self._worker_counts,
+            certificates,
         )
         self.admin = AdminServer(
             config.admin.address,
             health=self.health,
+            liveness=self.liveness,
             registries=registries,
             routes=self._routes(),
             status=status,
             keep_metrics=self._current_backends_only,
+            collectors=[certificates],
         )
         try:
             await self.control.start()
@@ -364,6 +372,20 @@ class OriginDaemon:
             "pools": self.control.status(),
         }
         return workers_ok and usable > 0 and not detail["draining"], detail
+
+    def liveness(self) -> HealthReport:
+        """Live while a worker runs (or a stop drains them) and the tunnel
+        listener is open; backends play no part."""
+        if self.supervisor is not None:
+            stats = self.supervisor.statistics()
+            workers_ok = stats.running > 0 or stats.stopping
+            running = stats.running
+        else:
+            workers_ok = self.worker is not None
+            running = 1 if workers_ok else 0
+        listening = self._sock is not None and self._sock.fileno() >= 0
+        detail = {"workers_running": running, "tunnel_listener_open": listening}
+        return workers_ok and listening, detail
 
     def _draining(self) -> bool:
         """A stop has begun (SIGTERM): ``/healthz`` is 503 from then on."""

@@ -176,6 +176,9 @@ class FakeServices:
     def warn(self, message: str, *args: object) -> None:
         pass
 
+    def ready(self) -> bool:
+        return self.tunnel_up and not self.draining
+
     def new_request_id(self) -> str:
         self.ids += 1
         return f"req{self.ids:04d}"

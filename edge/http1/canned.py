@@ -108,6 +108,23 @@ def text_response(body: str) -> bytes:
     return head.encode("ascii") + payload
 
 
+def readiness_response(ready: bool, *, head_only: bool = False) -> bytes:
+    """The edge's answer to its ``readiness_path``: ``200`` and ``ready``, or
+    ``503`` and ``not ready``; never cached, and the connection closes (health
+    checkers open one per check). ``head_only``: the same head, no body (HEAD)."""
+    status = 200 if ready else 503
+    payload = b"ready\n" if ready else b"not ready\n"
+    head = (
+        f"HTTP/1.1 {status} {_phrase(status)}\r\n"
+        "Content-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(payload)}\r\n"
+        "Cache-Control: no-store\r\n"
+        "Connection: close\r\n"
+        "\r\n"
+    )
+    return head.encode("ascii") + (b"" if head_only else payload)
+
+
 def _phrase(status: int) -> str:
     try:
         return HTTPStatus(status).phrase

@@ -456,3 +456,11 @@ def _reload_refused(tmp_path: Path) -> None:
 
     run_async(main(), 20)
     assert verdicts == []
+
+
+def test_a_cap_per_host_becomes_each_workers_share() -> None:
+    from geoedge.workers import worker_share
+
+    assert [worker_share(10_000, n) for n in (1, 2, 3, 8)] == [10_000, 5_000, 3_334, 1_250]
+    assert worker_share(3, 8) == 1  # every worker may hold one
+    assert worker_share(0, 8) == 0  # no cap stays no cap
