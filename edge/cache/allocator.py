@@ -7,10 +7,10 @@ size of each such block freed (up to 32 MiB). A cache that evicts bodies all
 day teaches it to put them in the heap, where freed space is reused only by
 blocks that fit and the heap's pages are not given back: measured here,
 filling a 32 MiB cache with 256 KiB bodies three times over grew a worker's
-RSS by 43 MiB. With the threshold fixed (``mallopt(M_MMAP_THRESHOLD)``,
-which also turns the adjustment off) the same fill grew it by the figure
-by 33 MiB, which ``tests/integration/test_cache_memory.py`` holds under
-the limit plus 10%.
+RSS by 43 MiB. With the threshold fixed at its starting value
+(``mallopt(M_MMAP_THRESHOLD)``, which also turns the adjustment off) the
+same fill grew it by 33 MiB, which ``tests/integration/test_cache_memory.py``
+holds under the limit plus 10%.
 
 Only where glibc is the C library; elsewhere it does nothing.
 """
@@ -26,8 +26,10 @@ __all__ = ["MMAP_THRESHOLD_BYTES", "bound_large_blocks"]
 log = logging.getLogger("geoedge.edge")
 
 M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_BYTES = 64 * 1024
-"""Blocks at least this large are mapped alone (glibc's default start: 128 KiB)."""
+MMAP_THRESHOLD_BYTES = 128 * 1024
+"""Blocks at least this large are mapped alone: glibc's own starting value,
+kept rather than lowered, so every other allocation (TLS and tunnel buffers)
+is placed as it is without a cache; only the adaptation is turned off."""
 
 
 def bound_large_blocks(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
