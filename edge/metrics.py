@@ -18,6 +18,7 @@ __all__ = ["CACHE_EVENTS", "EdgeMetrics"]
 #: The ``event`` labels of ``geoedge_edge_cache_events_total``.
 CACHE_EVENTS = (
     "hit", "miss", "stale", "revalidated", "stored", "collapsed", "pass", "evicted", "purged",
+    "shared",
 )  # fmt: skip
 
 NAMESPACE = "geoedge_edge"
@@ -105,7 +106,7 @@ class EdgeMetrics:
             "cache_events",
             "What the edge's cache did: hit, miss, stale (served stale), revalidated,"
             " stored, collapsed (a request waited for a fetch in flight), pass"
-            " (hit-for-pass marks), evicted, purged",
+            " (hit-for-pass marks), evicted, purged, shared (found in the workers' shared tier)",
             ("event",),
         )
         self.cache_bytes_served = m.counter(

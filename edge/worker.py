@@ -267,6 +267,8 @@ class EdgeWorker:
             self._export_tunnel_metrics()
             self._export_acme()
             self._export_cache_metrics()
+            if self.cache is not None:
+                self.cache.apply_shared_invalidations()
 
     def _sweep_connections(self, now: float) -> None:
         # Not inline in _sweep: its loop variable would keep the last connection
@@ -321,6 +323,7 @@ class EdgeWorker:
             "pass": counters.passes,
             "evicted": store.evictions,
             "purged": counters.purged,
+            "shared": counters.shared,
         }
         seen = self._cache_seen
         for event, value in now.items():

@@ -43,7 +43,7 @@ from edge.cache.config import CacheConfig, CompressionConfig
 from edge.cache.entry import NOT_STORED, StoredResponse
 from edge.cache.fill import Fill
 from edge.cache.freshness import FreshnessRules, ResponseFacts, freshness_lifetime, initial_age
-from edge.cache.keys import KeyMaker, normalise_url
+from edge.cache.keys import CacheKey, KeyMaker, normalise_url
 from edge.cache.lookup import CacheCounters, Lookup
 from edge.cache.policy import (
     SAFE_METHODS,
@@ -56,6 +56,7 @@ from edge.cache.policy import (
 )
 from edge.cache.relay import Invalidator, NullClient
 from edge.cache.responses import Reply, serve, stored_reply, with_vary
+from edge.cache.shared import SharedTier
 from edge.cache.store import CacheStore
 
 if TYPE_CHECKING:
@@ -105,6 +106,12 @@ class EdgeCache:
         )
         self._bypass_prefixes = tuple(config.bypass_path_prefixes)
         self.response_timeout_s = response_timeout_s
+        self.shared = (
+            SharedTier(config.shared_dir, config.shared_max_bytes, self.freshness)
+            if config.enabled and config.shared_dir
+            else None
+        )
+        self._invalidations_read = time.time()
         self.fills: dict[str, Fill] = {}
         self.passes: OrderedDict[str, float] = OrderedDict()
         self.counters = CacheCounters()
@@ -164,6 +171,8 @@ class EdgeCache:
         assert key is not None
         variants = self.store.variants(key.key)
         entry = next((v for v in variants if variant_matches(v, lookup.fields)), None)
+        if entry is None and self.shared is not None:
+            entry = self._from_shared(key, lookup)
         request = lookup.request
         now = time.time()
         if entry is not None:
@@ -203,6 +212,21 @@ class EdgeCache:
         if plain and leader is None and not self._passing(key.key, now):
             self.fills[key.key] = fill
         return False
+
+    def _from_shared(self, key: CacheKey, lookup: Lookup) -> StoredResponse | None:
+        """A variant another worker stored (edge.cache.shared), now kept here too."""
+        assert self.shared is not None
+        for candidate in self.shared.variants(key.url, key.key):
+            if variant_matches(candidate, lookup.fields) and self.store.put(candidate):
+                self.counters.shared += 1
+                return candidate
+        return None
+
+    def forget(self, entry: StoredResponse) -> None:
+        """Drop ``entry`` here and from the shared tier (the origin replaced it)."""
+        self.store.remove(entry)
+        if self.shared is not None:
+            self.shared.remove(entry)
 
     def _validate(self, exchange: Any, lookup: Lookup, entry: StoredResponse) -> None:
         """Send the request up with ``entry``'s validators instead of the client's conditions."""
@@ -324,6 +348,8 @@ class EdgeCache:
         if not self.store.put(entry):
             return None
         self.counters.stored += 1
+        if self.shared is not None:
+            self.shared.write(entry)
         return entry
 
     def freshen(
@@ -349,6 +375,8 @@ class EdgeCache:
         self.store.replace_tags(entry, self._tags(fields))
         self.store.resize(entry)
         self.store.touch(entry)
+        if self.shared is not None:
+            self.shared.write(entry)
         self.counters.revalidated += 1
         return entry
 
@@ -379,17 +407,27 @@ class EdgeCache:
         count = sum(self._purge_one(kind, value) for value in values) if values else 0
         if kind == "all":
             count = self.store.purge_all()
+            if self.shared is not None:
+                self.shared.purge_all()
         self.counters.purged += count
         return count
 
     def _purge_one(self, kind: str, value: str) -> int:
-        store = self.store
+        store, shared = self.store, self.shared
         if kind == "url":
-            count = store.purge_url(normalise_url(value, self.config.key))
+            url = normalise_url(value, self.config.key)
+            count = store.purge_url(url)
+            if shared is not None:
+                shared.purge_url(url)
         elif kind == "prefix":
-            count = store.purge_prefix(normalise_url(value, self.config.key))
+            prefix = normalise_url(value, self.config.key)
+            count = store.purge_prefix(prefix)
+            if shared is not None:
+                shared.purge_prefix(prefix)
         elif kind == "tag":
             count = store.purge_tag(value)
+            if shared is not None:
+                shared.purge_tag(value)
         else:
             raise ValueError(f"unknown purge kind {kind!r}")
         return count
@@ -400,7 +438,20 @@ class EdgeCache:
             "https", request.host, request.target.decode("latin-1"), request.headers
         )
         for url in invalidates(request.method, head.status, key.url, head.headers):
-            self.store.purge_url(normalise_url(url, self.config.key))
+            normal = normalise_url(url, self.config.key)
+            self.store.purge_url(normal)
+            if self.shared is not None:
+                self.shared.purge_url(normal)
+                self.shared.note_invalidation(normal)
+
+    def apply_shared_invalidations(self) -> None:
+        """Drop what other workers invalidated since the last call (the worker's sweep)."""
+        if self.shared is None:
+            return
+        now = time.time()
+        for url in self.shared.invalidated_since(self._invalidations_read):
+            self.store.purge_url(url)
+        self._invalidations_read = now - 1.0  # a mark written as we read: read it again
 
     # -- internals ------------------------------------------------------------------------
 

@@ -91,10 +91,16 @@ class CacheConfig:
     """Remove the tag fields before the client sees the response."""
     status_name: str = ""
     """The cache's name in ``Cache-Status`` (RFC 9211); empty: the edge's id."""
+    shared_dir: str = ""
+    """A directory the edge's workers share (on tmpfs: ``/dev/shm/geoedge-cache``):
+    what one worker stores, the others find there when their own cache has
+    nothing (edge/cache/shared.py). Empty: each worker's cache alone."""
+    shared_max_bytes: int = 1024 * 1024 * 1024
+    """What the shared directory may hold, oldest written out first."""
     key: CacheKeyConfig = field(default_factory=CacheKeyConfig)
 
     def __post_init__(self) -> None:
-        if self.max_bytes < 0 or self.max_object_bytes < 0:
+        if self.max_bytes < 0 or self.max_object_bytes < 0 or self.shared_max_bytes < 0:
             raise ValueError("max_bytes and max_object_bytes must be >= 0")
         if self.max_variants < 1:
             raise ValueError("max_variants must be at least 1")

@@ -87,6 +87,7 @@ class FillOwner(Protocol):
         encoded: tuple[str, bytes] | None,
     ) -> StoredResponse | None: ...
     def fill_ended(self, fill: Fill) -> None: ...
+    def forget(self, entry: StoredResponse) -> None: ...
 
 
 class Fill(Relay):
@@ -176,7 +177,7 @@ class Fill(Relay):
         else:
             self.not_stored = reason
             if stale is not None:
-                cache.store.remove(stale)  # the origin's new answer replaces it
+                cache.forget(stale)  # the origin's new answer replaces it
         self.inner.response_head(exchange, self._forwarded_head(exchange, head, fields, reason))
 
     def response_data(self, exchange: Any, data: bytes) -> None:

@@ -26,6 +26,8 @@ class CacheCounters:
     stored: int = 0
     passes: int = 0
     purged: int = 0
+    shared: int = 0
+    """Responses found in the shared tier (another worker stored them)."""
 
 
 @dataclass(slots=True)
