@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 __all__ = [
@@ -344,6 +345,7 @@ ca = "{files.ca}"
 
 [cache]
 enabled = true
+shared_dir = "{Path(files.edge_access_log).parent / "cache-shared"}"
 """
 
 
