@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from edge.cache.compress import compress_whole, compressible, negotiate
@@ -43,17 +42,17 @@ from edge.cache.config import CacheConfig, CompressionConfig
 from edge.cache.entry import NOT_STORED, StoredResponse
 from edge.cache.fill import Fill
 from edge.cache.freshness import FreshnessRules, ResponseFacts, freshness_lifetime, initial_age
-from edge.cache.keys import CacheKey, KeyMaker, normalise_url
-from edge.cache.lookup import CacheCounters, Lookup
+from edge.cache.keys import CacheKey, KeyMaker
+from edge.cache.lookup import CacheCounters, Lookup, PassMarks
 from edge.cache.policy import (
     SAFE_METHODS,
     RequestFacts,
     Reuse,
-    invalidates,
     reuse,
     variant_matches,
     vary_values,
 )
+from edge.cache.purging import Purger
 from edge.cache.relay import Invalidator, NullClient
 from edge.cache.responses import Reply, serve, stored_reply, with_vary
 from edge.cache.shared import SharedTier
@@ -64,7 +63,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CacheCounters", "EdgeCache", "Lookup"]  # the last two: edge.cache.lookup
 
-_PASS_KEYS_MAX = 10_000
 _CONDITIONAL = frozenset(
     {
         b"if-none-match",
@@ -111,10 +109,10 @@ class EdgeCache:
             if config.enabled and config.shared_dir
             else None
         )
-        self._invalidations_read = time.time()
         self.fills: dict[str, Fill] = {}
-        self.passes: OrderedDict[str, float] = OrderedDict()
+        self.passes = PassMarks(config.hit_for_pass_s)
         self.counters = CacheCounters()
+        self.purger = Purger(self.store, self.shared, config.key, self.counters)
 
     # -- the exchange's seam -------------------------------------------------------------
 
@@ -202,14 +200,14 @@ class EdgeCache:
             lookup.fwd = "uri-miss"
         plain = request.method == b"GET" and not request.conditional and request.range is None
         leader = self.fills.get(key.key)
-        if collapse and plain and leader is not None and not self._passing(key.key, now):
+        if collapse and plain and leader is not None and not self.passes.passing(key.key, now):
             leader.waiters.append(exchange)
             exchange.record.cache = "collapsed"
             self.counters.collapsed_waits += 1
             return True
         self.counters.misses += 1
         fill = self._go_up(exchange, lookup)
-        if plain and leader is None and not self._passing(key.key, now):
+        if plain and leader is None and not self.passes.passing(key.key, now):
             self.fills[key.key] = fill
         return False
 
@@ -389,8 +387,8 @@ class EdgeCache:
             del self.fills[key.key]
         stored = fill.stored is not None or fill.swallow
         refused = fill.facts is not None and fill.parts is None  # not storable, or too large
-        if not stored and refused:
-            self._mark_pass(key.key)
+        if not stored and refused and self.passes.mark(key.key, time.time()):
+            self.counters.passes += 1
         # The leader's client went away mid-fetch: one waiter fetches for the
         # others again. Otherwise (stored, not storable, the origin failed)
         # each goes its own way at once, never in a queue behind another.
@@ -399,59 +397,20 @@ class EdgeCache:
         for waiter in waiters:
             self.resume(waiter, collapse=again)
 
-    # -- purge and invalidation --------------------------------------------------------
+    # -- purge and invalidation (edge.cache.purging) -----------------------------------
 
     def purge(self, kind: str, values: tuple[str, ...] = ()) -> int:
-        """Drop entries by ``url``, ``prefix``, ``tag`` or ``all`` (edge.cache.purge);
-        how many went."""
-        count = sum(self._purge_one(kind, value) for value in values) if values else 0
-        if kind == "all":
-            count = self.store.purge_all()
-            if self.shared is not None:
-                self.shared.purge_all()
-        self.counters.purged += count
-        return count
+        """Drop entries by ``url``, ``prefix``, ``tag`` or ``all``; how many went."""
+        return self.purger.purge(kind, values)
 
-    def _purge_one(self, kind: str, value: str) -> int:
-        store, shared = self.store, self.shared
-        if kind == "url":
-            url = normalise_url(value, self.config.key)
-            count = store.purge_url(url)
-            if shared is not None:
-                shared.purge_url(url)
-        elif kind == "prefix":
-            prefix = normalise_url(value, self.config.key)
-            count = store.purge_prefix(prefix)
-            if shared is not None:
-                shared.purge_prefix(prefix)
-        elif kind == "tag":
-            count = store.purge_tag(value)
-            if shared is not None:
-                shared.purge_tag(value)
-        else:
-            raise ValueError(f"unknown purge kind {kind!r}")
-        return count
+    def apply_shared_invalidations(self) -> None:
+        self.purger.apply_shared_invalidations()
 
     def _invalidate(self, exchange: Any, head: ResponseHeadReceived) -> None:
         request: RequestHeadReceived = exchange.request
-        key = self.keys.make(
-            "https", request.host, request.target.decode("latin-1"), request.headers
-        )
-        for url in invalidates(request.method, head.status, key.url, head.headers):
-            normal = normalise_url(url, self.config.key)
-            self.store.purge_url(normal)
-            if self.shared is not None:
-                self.shared.purge_url(normal)
-                self.shared.note_invalidation(normal)
-
-    def apply_shared_invalidations(self) -> None:
-        """Drop what other workers invalidated since the last call (the worker's sweep)."""
-        if self.shared is None:
-            return
-        now = time.time()
-        for url in self.shared.invalidated_since(self._invalidations_read):
-            self.store.purge_url(url)
-        self._invalidations_read = now - 1.0  # a mark written as we read: read it again
+        target = request.target.decode("latin-1")
+        key = self.keys.make("https", request.host, target, request.headers)
+        self.purger.invalidate(request.method, head.status, key.url, head.headers)
 
     # -- internals ------------------------------------------------------------------------
 
@@ -469,21 +428,3 @@ class EdgeCache:
             if name in self.tag_fields:
                 tags.update(value.decode("latin-1").replace(",", " ").split())
         return frozenset(tags)
-
-    def _passing(self, key: str, now: float) -> bool:
-        until = self.passes.get(key)
-        if until is None:
-            return False
-        if until < now:
-            del self.passes[key]
-            return False
-        return True
-
-    def _mark_pass(self, key: str) -> None:
-        if self.config.hit_for_pass_s <= 0:
-            return
-        self.counters.passes += 1
-        self.passes[key] = time.time() + self.config.hit_for_pass_s
-        self.passes.move_to_end(key)
-        while len(self.passes) > _PASS_KEYS_MAX:
-            self.passes.popitem(last=False)

@@ -4,13 +4,14 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from edge.cache.entry import StoredResponse
 from edge.cache.keys import CacheKey
 from edge.cache.policy import RequestFacts
 
-__all__ = ["CacheCounters", "Lookup"]
+__all__ = ["CacheCounters", "Lookup", "PassMarks"]
 
 
 @dataclass(slots=True)
@@ -49,3 +50,36 @@ class Lookup:
     """The request went up with the stored response's validators."""
     bypass: bool = False
     why_not_stored: str | None = None
+
+
+class PassMarks:
+    """Keys whose last response could not be stored, until when (hit-for-pass):
+    requests for them go to the origin without waiting on each other. At most
+    ``limit`` keys, the oldest marks dropped first."""
+
+    __slots__ = ("_limit", "_marks", "seconds")
+
+    def __init__(self, seconds: float, limit: int = 10_000) -> None:
+        self.seconds = seconds
+        self._limit = limit
+        self._marks: OrderedDict[str, float] = OrderedDict()
+
+    def passing(self, key: str, now: float) -> bool:
+        until = self._marks.get(key)
+        if until is None:
+            return False
+        if until < now:
+            del self._marks[key]
+            return False
+        return True
+
+    def mark(self, key: str, now: float) -> bool:
+        """Mark ``key``; False when marks are off (``seconds`` 0)."""
+        if self.seconds <= 0:
+            return False
+        marks = self._marks
+        marks[key] = now + self.seconds
+        marks.move_to_end(key)
+        while len(marks) > self._limit:
+            marks.popitem(last=False)
+        return True
