@@ -87,16 +87,17 @@ $(TOOLS)/pebble:
 	    || echo "pebble could not be built: the ACME tests cannot run"; \
 	else echo "no Go toolchain: the ACME tests cannot run"; fi
 	@touch $@.tried
-tools: $(TOOLS)/h2spec $(TOOLS)/pebble $(TOOLS)/cache-tests/.stamp-$(CACHE_TESTS_VERSION)
-
 # http-tests/cache-tests (npm http-cache-tests, pinned in loadtests/cache_tests.py):
 # the cache's conformance suite, which `make test` runs through the chain.
+# (Defined before `tools`: make expands a prerequisite list as it reads it.)
 CACHE_TESTS_VERSION := 0.4.5
 $(TOOLS)/cache-tests/.stamp-$(CACHE_TESTS_VERSION): | $(STAMPS)/apt-base
 	@mkdir -p $(TOOLS)/cache-tests
 	npm install --prefix $(TOOLS)/cache-tests --no-audit --no-fund --loglevel=error \
 	  http-cache-tests@$(CACHE_TESTS_VERSION)
 	@touch $@
+
+tools: $(TOOLS)/h2spec $(TOOLS)/pebble $(TOOLS)/cache-tests/.stamp-$(CACHE_TESTS_VERSION)
 
 # The cache's conformance score through the chain (docs/cache.md).
 cache-tests: venv node tools
