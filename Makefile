@@ -16,11 +16,11 @@ STAMPS := $(VENV)/.stamps
 .PHONY: venv node tools test lint demo dist bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor wan drill restart-test apt-base soak clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
-# for real peers (haproxy), the WAN emulator (iptables, libnetfilter-queue), the
+# for real peers (haproxy; nginx-light, the nginx edge of make wan), the WAN emulator (iptables, libnetfilter-queue), the
 # WireGuard test (wireguard-go, wireguard-tools) and the unit checks
 # (systemd-analyze, in systemd), the monitoring kit (promtool, in prometheus) and
 # the status page in a real browser (chromium).
-APT_PACKAGES := haproxy wrk iptables iproute2 libnetfilter-queue-dev gcc python3-dev \
+APT_PACKAGES := haproxy nginx-light wrk iptables iproute2 libnetfilter-queue-dev gcc python3-dev \
 	systemd wireguard-go wireguard-tools curl nghttp2-client prometheus chromium
 
 # Redone when this file changes (the package list may have grown); cheap when
