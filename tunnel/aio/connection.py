@@ -28,6 +28,7 @@ from tunnel.aio.connection_writer import ConnectionWriter, session_clock
 from tunnel.aio.errors import PeerRefused, StreamOpenError
 from tunnel.aio.read_pacing import ReadPacer
 from tunnel.aio.stream import TunnelStream
+from tunnel.aio.trace import ConnectionTrace, trace_interval_s
 from tunnel.aio.warmup import CongestionWarmUp
 from tunnel.mux import (
     ConnectionTerminated,
@@ -71,8 +72,9 @@ class ConnectionInfo:
 Authorizer = Callable[[asyncio.Transport], ConnectionInfo]
 
 
-def tune_socket(sock: socket.socket | None) -> None:
-    """TCP_NODELAY (frames are already coalesced) and TCP_NOTSENT_LOWAT."""
+def tune_socket(sock: socket.socket | None, congestion_control: str = "") -> None:
+    """TCP_NODELAY (frames are already coalesced), TCP_NOTSENT_LOWAT and, when
+    configured, the congestion control (``TCP_CONGESTION``)."""
     if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
         return
     try:
@@ -81,6 +83,15 @@ def tune_socket(sock: socket.socket | None) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, notsent_lowat, NOTSENT_LOWAT_BYTES)
     except OSError as exc:  # not fatal: only a tuning knob
         log.debug("socket tuning failed: %s", exc)
+    if congestion_control:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, congestion_control.encode())
+        except OSError as exc:  # the kernel lacks it (or forbids it): keep the default
+            log.warning(
+                "tunnel socket: congestion control %r unavailable (%s); keeping the default",
+                congestion_control,
+                exc.strerror or exc,
+            )
 
 
 class TunnelConnection(asyncio.Protocol):
@@ -128,6 +139,7 @@ class TunnelConnection(asyncio.Protocol):
         self.goaway_received = False
         self._listeners: list[Callable[[TunnelConnection, object], None]] = []
         self.warm_up: CongestionWarmUp | None = None
+        self._trace: ConnectionTrace | None = None
 
     # -- asyncio.Protocol -----------------------------------------------------
 
@@ -143,7 +155,7 @@ class TunnelConnection(asyncio.Protocol):
                 self.established.set_exception(exc)
                 self.established.exception()
             return
-        tune_socket(transport.get_extra_info("socket"))
+        tune_socket(transport.get_extra_info("socket"), self.config.congestion_control)
         self._reading.attach(transport)
         self._writer.attach(transport, self._dispatch)
 
@@ -159,6 +171,8 @@ class TunnelConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.warm_up is not None:
             self.warm_up.stop()
+        if self._trace is not None:
+            self._trace.stop()
         reason = f"transport lost: {exc}" if exc else "transport closed"
         self._dispatch(self.session.connection_lost(reason))
         self._writer.detach()
@@ -305,6 +319,9 @@ class TunnelConnection(asyncio.Protocol):
             if not self.established.done():
                 self.established.set_result(None)
             self.warm_up = CongestionWarmUp.start(self._writer, self.config)
+            interval = trace_interval_s()
+            if interval is not None:
+                self._trace = ConnectionTrace(self, interval)
         elif isinstance(event, GoAwayReceived):
             self.goaway_received = True
             log.info(
