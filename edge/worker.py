@@ -38,6 +38,7 @@ from edge.tls import CertificateStore
 from geoedge.logs import AccessLog, LogThrottle
 from geoedge.metrics import ProcessMetrics, Tally
 from tunnel.aio.stream import TunnelStream
+from tunnel.aio.tcp_info import RetransmitTally
 
 log = logging.getLogger("geoedge.edge")
 throttled = LogThrottle(log)
@@ -85,6 +86,7 @@ class EdgeWorker:
         self._id_counter = itertools.count(1)
         self.access_log = _open_access_log(config)
         self.tally = Tally()
+        self._retransmits = RetransmitTally()
         self.metrics = EdgeMetrics()
         self.process_metrics = ProcessMetrics("edge")
         limits = config.limits
@@ -231,6 +233,14 @@ class EdgeWorker:
             if stats.srtt_s is not None:
                 self.metrics.tunnel_srtt.labels(stats.name).set(stats.srtt_s)
                 self.tally.observe(self.metrics.tunnel_rtt_seconds, (stats.name,), stats.srtt_s)
+        sockets = [
+            (name, connection, connection.tcp_info())
+            for name, pool in self.origins.pools.items()
+            for connection in pool.connections
+        ]
+        for name, sent in self._retransmits.take(sockets).items():
+            self.tally.add(self.metrics.tunnel_sent_bytes, name, sent.bytes)
+            self.tally.add(self.metrics.tunnel_retransmitted_bytes, name, sent.retransmitted)
 
     # -- edge.services.EdgeServices ------------------------------------------------------
 

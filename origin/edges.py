@@ -19,6 +19,7 @@ from origin.admission import refusal_reason
 from origin.metrics import WorkerMetrics
 from tunnel.aio.connection import TunnelConnection
 from tunnel.aio.errors import PeerRefused
+from tunnel.aio.tcp_info import RetransmitTally
 
 __all__ = ["EdgeConnections"]
 
@@ -30,7 +31,8 @@ GOING_AWAY = "origin shutting down"
 
 class EdgeConnections:
     """Owns one worker's established tunnel connections and their metrics
-    (``edges_connected``, ``edge_rtt_seconds``, ``edges_refused``).
+    (``edges_connected``, ``edge_rtt_seconds``, ``edge_sent_bytes``,
+    ``edge_retransmitted_bytes``, ``edges_refused``).
 
     Invariants: a connection is a member from its ``established`` to its
     ``closed``, and ``edges_connected`` for an identity counts its members.
@@ -39,12 +41,13 @@ class EdgeConnections:
     streams elsewhere).
     """
 
-    __slots__ = ("_connections", "_going_away", "_metrics")
+    __slots__ = ("_connections", "_going_away", "_metrics", "_retransmits")
 
     def __init__(self, metrics: WorkerMetrics) -> None:
         self._metrics = metrics
         self._connections: set[TunnelConnection] = set()
         self._going_away = False
+        self._retransmits = RetransmitTally()
 
     def __len__(self) -> int:
         return len(self._connections)
@@ -82,7 +85,8 @@ class EdgeConnections:
         self._metrics.edges_refused.labels(reason).inc()
 
     def publish_rtts(self) -> None:
-        """Set each edge's RTT gauge: the largest smoothed RTT of its connections."""
+        """Set each edge's RTT gauge (the largest smoothed RTT of its connections)
+        and count the octets its tunnel sockets sent and retransmitted."""
         rtts: dict[str, float] = {}
         for connection in self._connections:
             srtt = connection.srtt_s
@@ -91,6 +95,10 @@ class EdgeConnections:
                 rtts[identity] = max(rtts.get(identity, 0.0), srtt)
         for identity, srtt in rtts.items():
             self._metrics.edge_rtt.labels(identity).set(srtt)
+        sockets = [(c.info.peer_identity, c, c.tcp_info()) for c in self._connections]
+        for identity, sent in self._retransmits.take(sockets).items():
+            self._metrics.edge_sent_bytes.labels(identity).inc(sent.bytes)
+            self._metrics.edge_retransmitted_bytes.labels(identity).inc(sent.retransmitted)
 
     # -- drain -------------------------------------------------------------------------
 

@@ -54,7 +54,8 @@ def read_trace(path: Path) -> list[dict[str, Any]]:
 def by_connection(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for record in records:
-        out.setdefault(f"{record['pid']}:{record['local_port']}", []).append(record)
+        key = f"{record['pid']}:{record['local_port']}-{record['peer_port']}"
+        out.setdefault(key, []).append(record)
     return out
 
 
@@ -126,6 +127,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--edge-toml-extra", default="", help="TOML appended to edge.toml")
     parser.add_argument("--origin-toml-extra", default="", help="TOML appended to origin.toml")
     parser.add_argument("--nginx", action="store_true", help="also time the nginx edge")
+    parser.add_argument(
+        "--cold", action="store_true",
+        help="restart the edge once the loss is on, so its tunnels connect and warm under loss",
+    )  # fmt: skip
     return parser
 
 
@@ -153,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
             say("warming up (no loss)")
             stack.agent_request({**spec, "count": 5})
             set_loss(stack.wan, args.loss)
+            if args.cold:
+                say("restarting the edge under loss")
+                stack.restart("edge")
+                stack.agent_request({**spec, "count": 3})
             say(f"{args.count} x 768 KB through the edge at {args.loss:.2%} loss")
             for i in range(args.count):
                 start = time.time()

@@ -28,6 +28,7 @@ from tunnel.aio.connection_writer import ConnectionWriter, session_clock
 from tunnel.aio.errors import PeerRefused, StreamOpenError
 from tunnel.aio.read_pacing import ReadPacer
 from tunnel.aio.stream import TunnelStream
+from tunnel.aio.tcp_info import TcpInfo, read_tcp_info
 from tunnel.aio.trace import ConnectionTrace, trace_interval_s
 from tunnel.aio.warmup import CongestionWarmUp
 from tunnel.mux import (
@@ -54,6 +55,9 @@ NOTSENT_LOWAT_BYTES = 128 * 1024
 #: Per-stream send buffer limits (octets queued in the session for one stream).
 STREAM_HIGH_WATER = 256 * 1024
 STREAM_LOW_WATER = 64 * 1024
+
+#: Congestion controls the kernel refused, said once per process (not per socket).
+_UNAVAILABLE_CONGESTION_CONTROL: set[str] = set()
 
 StreamAcceptor = Callable[[TunnelStream], asyncio.BaseProtocol | None]
 
@@ -87,11 +91,14 @@ def tune_socket(sock: socket.socket | None, congestion_control: str = "") -> Non
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, congestion_control.encode())
         except OSError as exc:  # the kernel lacks it (or forbids it): keep the default
-            log.warning(
-                "tunnel socket: congestion control %r unavailable (%s); keeping the default",
-                congestion_control,
-                exc.strerror or exc,
-            )
+            if congestion_control not in _UNAVAILABLE_CONGESTION_CONTROL:
+                _UNAVAILABLE_CONGESTION_CONTROL.add(congestion_control)
+                log.warning(
+                    "tunnel sockets: congestion control %r unavailable (%s); they keep the"
+                    " host's default",
+                    congestion_control,
+                    exc.strerror or exc,
+                )
 
 
 class TunnelConnection(asyncio.Protocol):
@@ -240,6 +247,11 @@ class TunnelConnection(asyncio.Protocol):
     @property
     def open_streams(self) -> int:
         return len(self._streams)
+
+    def tcp_info(self) -> TcpInfo | None:
+        """The kernel's view of this connection now (``TCP_INFO``), or None."""
+        transport = self._writer.transport
+        return None if transport is None else read_tcp_info(transport.get_extra_info("socket"))
 
     @property
     def srtt_s(self) -> float | None:

@@ -17,9 +17,18 @@ from __future__ import annotations
 
 import socket
 import struct
+import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["TCP_INFO_BYTES", "TcpInfo", "congestion_control", "read_tcp_info"]
+__all__ = [
+    "TCP_INFO_BYTES",
+    "RetransmitTally",
+    "Sent",
+    "TcpInfo",
+    "congestion_control",
+    "read_tcp_info",
+]
 
 # u8 x8 (state, ca_state, retransmits, probes, backoff, options, wscale, flags),
 # u32 x24 (rto .. total_retrans), u64 x4 (pacing_rate .. bytes_received),
@@ -166,3 +175,40 @@ def congestion_control(sock: socket.socket | None) -> str | None:
     except (OSError, AttributeError):
         return None
     return raw.split(b"\0", 1)[0].decode("ascii", "replace") or None
+
+
+class RetransmitTally:
+    """Octets each group of tunnel connections sent, and retransmitted, since the
+    last :meth:`take`: what the status pages turn into a retransmit ratio.
+
+    Keeps the last figures seen per connection (weakly: a closed connection
+    drops out; what it sent after the last take is not counted).
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: weakref.WeakKeyDictionary[object, tuple[int, int]] = weakref.WeakKeyDictionary()
+
+    def take(self, connections: Iterable[tuple[str, object, TcpInfo | None]]) -> dict[str, Sent]:
+        """``connections``: (group, connection, its tcp_info now) for each live one."""
+        out: dict[str, Sent] = {}
+        for group, connection, info in connections:
+            if info is None:
+                continue
+            sent, retrans = self._last.get(connection, (0, 0))
+            self._last[connection] = (info.bytes_sent, info.bytes_retrans)
+            before = out.get(group, Sent(0, 0))
+            out[group] = Sent(
+                before.bytes + max(0, info.bytes_sent - sent),
+                before.retransmitted + max(0, info.bytes_retrans - retrans),
+            )
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """Octets sent (retransmissions included) and, of them, retransmitted."""
+
+    bytes: int
+    retransmitted: int

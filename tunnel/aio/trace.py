@@ -76,11 +76,13 @@ class ConnectionTrace:
         sock = connection.get_extra_info("socket")
         info = read_tcp_info(sock)
         sockname = connection.get_extra_info("sockname")
+        peername = connection.get_extra_info("peername")
         record = {
             "t": round(time.time(), 4),
             "pid": os.getpid(),
             "side": "client" if connection.session.client else "server",
             "local_port": sockname[1] if sockname else None,
+            "peer_port": peername[1] if peername else None,
             "cc": congestion_control(sock),
             "streams": stats.streams_open,
             "tcp": None if info is None else info.to_json(),
