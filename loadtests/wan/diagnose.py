@@ -118,7 +118,7 @@ def attribute(
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m loadtests.wan.diagnose", description=__doc__)
-    parser.add_argument("--loss", type=float, default=0.001, help="loss on the long links")
+    parser.add_argument("--loss", type=float, default=0.001, help="long links loss, 0: none")
     parser.add_argument("--count", type=int, default=20, help="768 KB GETs through the edge")
     parser.add_argument("--trace-s", type=float, default=0.05, help="trace interval")
     parser.add_argument("--pause-s", type=float, default=0.3, help="pause between GETs")
@@ -183,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
             traces = {
                 daemon: read_trace(stack.logs / f"{daemon}.log") for daemon in ("edge", "origin")
             }
+            warm_ups = [
+                f"{daemon}: {line.strip()}"
+                for daemon in ("edge", "origin")
+                for line in (stack.logs / f"{daemon}.log").read_text(errors="replace").splitlines()
+                if "tunnel warm-up" in line
+            ]
     connections = by_connection(traces["origin"])
     rows = [{**s, **attribute(s, connections)} for s in samples]
     times = [r["ms"] for r in rows if r["ms"] is not None]
@@ -196,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         "edge_toml_extra": args.edge_toml_extra,
         "origin_toml_extra": args.origin_toml_extra,
     }
-    out = {"summary": summary, "samples": rows, "trace": traces}
+    out = {"summary": summary, "warm_ups": warm_ups, "samples": rows, "trace": traces}
     args.results.mkdir(parents=True, exist_ok=True)
     name = f"wan_diagnosis{'_' + args.label if args.label else ''}.json"
     (args.results / name).write_text(json.dumps(out, indent=1) + "\n")
@@ -206,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     print(" ".join(f"{c:>12}" for c in columns))
     for row in rows:
         print(" ".join(f"{row.get(c)!s:>12}" for c in columns))
+    print("\n".join(warm_ups))
     print(json.dumps(summary))
     return 0
 
