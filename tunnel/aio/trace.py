@@ -21,17 +21,27 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from tunnel.aio.tcp_info import congestion_control, read_tcp_info
-
-if TYPE_CHECKING:
-    from tunnel.aio.connection import TunnelConnection
+from tunnel.mux import Session
 
 __all__ = ["ENV", "ConnectionTrace", "trace_interval_s"]
 
 ENV = "GEOEDGE_TUNNEL_TRACE_S"
 log = logging.getLogger("geoedge.tunnel.trace")
+
+
+class Traced(Protocol):
+    """What the trace reads of a connection (a :class:`~tunnel.aio.connection.TunnelConnection`)."""
+
+    @property
+    def session(self) -> Session: ...
+
+    @property
+    def warming(self) -> bool: ...
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
 
 
 def trace_interval_s() -> float | None:
@@ -51,7 +61,7 @@ class ConnectionTrace:
 
     __slots__ = ("_connection", "_interval", "_last", "_loop", "_quiet", "_timer")
 
-    def __init__(self, connection: TunnelConnection, interval_s: float) -> None:
+    def __init__(self, connection: Traced, interval_s: float) -> None:
         self._loop = asyncio.get_running_loop()
         self._connection = connection
         self._interval = interval_s
