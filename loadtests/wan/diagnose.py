@@ -145,9 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     samples: list[dict[str, Any]] = []
     nginx_ms: list[float] = []
     with tempfile.TemporaryDirectory(prefix="geoedge-diag-") as tmp:
-        stack = Stack(Path(tmp), DAEMON_SYSCTLS)
+        extra = {"edge": args.edge_toml_extra, "origin": args.origin_toml_extra}
+        stack = Stack(Path(tmp), DAEMON_SYSCTLS, toml_extra=extra)
         stack.env[ENV] = str(args.trace_s)
-        stack.toml_extra = {"edge": args.edge_toml_extra, "origin": args.origin_toml_extra}
         with stack:
             edge = SCENARIOS["edge"]
             spec = {

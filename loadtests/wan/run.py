@@ -322,6 +322,11 @@ def _parser() -> argparse.ArgumentParser:
         help="loss probabilities of the lossy phases (default 0.001,0.01; '' for none)",
     )  # fmt: skip
     parser.add_argument(
+        "--daemon-toml", default="", metavar="TOML",
+        help="appended to the edge's and the origin's configurations, for an A/B run"
+        " (e.g. $'[tunnel]\\ncongestion_control = \"\"' for the host's CUBIC)",
+    )  # fmt: skip
+    parser.add_argument(
         "--lossy-only", action="store_true",
         help="skip the loss-free measurements and locust (the lossy phases alone)",
     )  # fmt: skip
@@ -369,7 +374,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.results.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with _workdir(args.keep_logs) as workdir, Stack(workdir, DAEMON_SYSCTLS) as stack:
+    extra = {"edge": args.daemon_toml, "origin": args.daemon_toml}
+    with (
+        _workdir(args.keep_logs) as workdir,
+        Stack(workdir, DAEMON_SYSCTLS, toml_extra=extra) as stack,
+    ):
         runner = Runner(stack, plan)
         if not args.lossy_only:
             runner.run()
@@ -402,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         runner.samples, runner.errors, floors,
         config={**config, "plan": dataclasses.asdict(plan), "quick": args.quick,
                 "negotiated": runner.negotiated, "lossy_only": args.lossy_only,
+                "daemon_toml": args.daemon_toml,
                 "long_links": [f"{a}-{b}" for a, b in LONG_LINKS]},
         locust=locust, elapsed_s=time.monotonic() - started,
     )  # fmt: skip

@@ -78,6 +78,7 @@ class Stack:
         *,
         edge_workers: int = 0,
         origin_workers: int = 0,
+        toml_extra: Mapping[str, str] | None = None,
     ) -> None:
         self.workdir = workdir
         self.logs = workdir / "logs"
@@ -91,8 +92,8 @@ class Stack:
         self._log_files: list[IO[bytes]] = []
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
         #: TOML appended to the daemons' configurations ("edge", "origin"), to
-        #: compare a variant against the shipped defaults (loadtests.wan.diagnose).
-        self.toml_extra: dict[str, str] = {}
+        #: compare a variant against the shipped defaults (an A/B run).
+        self.toml_extra: dict[str, str] = dict(toml_extra or {})
 
     # ------------------------------------------------------------------ lifecycle
 
