@@ -193,9 +193,38 @@ def read_locust_stats(path: Path) -> dict[str, Any]:
 
 
 def write(results: Mapping[str, Any], directory: Path) -> None:
-    """``wan.json`` and ``wan.png`` in ``directory``."""
+    """``wan.json``, ``wan.png`` and (after lossy phases) ``wan_lossy.png`` in ``directory``."""
     (directory / "wan.json").write_text(json.dumps(results, indent=1) + "\n")
     write_chart(results, directory / "wan.png")
+    if results.get("lossy"):
+        write_lossy_chart(results["lossy"], directory / "wan_lossy.png")
+
+
+def write_lossy_chart(phases: Mapping[str, Any], path: Path) -> None:
+    """One row per lossy phase, one panel per measurement it took."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = max(len(phase["measured"]) for phase in phases.values())
+    fig, axes = plt.subplots(
+        len(phases), columns, figsize=(4.0 * columns, 4.4 * len(phases)), squeeze=False
+    )
+    for row, (label, phase) in zip(axes, phases.items(), strict=True):
+        for ax, key in zip(row, phase["measured"], strict=False):
+            _panel(ax, phase, key)
+            ax.set_title(f"{label}: {ax.get_title()}", fontsize=9)
+        for ax in row[len(phase["measured"]) :]:
+            ax.set_visible(False)
+    fig.suptitle(
+        "geoedge WAN latency with random loss on the long links (both ways); "
+        "speedup = direct p50 / edge p50",
+        fontsize=13,
+    )
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
 
 
 def write_chart(results: Mapping[str, Any], path: Path) -> None:
