@@ -108,9 +108,11 @@ def speedup(results: Mapping[str, Any], key: str, over: str = "direct") -> float
 def format_table(results: Mapping[str, Any]) -> str:
     """The tables printed at the end of the run (and pasted into the README): the
     loss-free one, then one per lossy phase."""
-    lines = _table(results, list(MEASUREMENTS), "no loss")
+    lossy_only = results.get("config", {}).get("lossy_only", False)
+    lines = [] if lossy_only else _table(results, list(MEASUREMENTS), "no loss")
     for label, phase in results.get("lossy", {}).items():
-        lines += ["", *_table(phase, phase["measured"], f"{label} loss on the long links")]
+        lines += [""] if lines else []
+        lines += _table(phase, phase["measured"], f"{label} loss on the long links")
     seed = results["seed_freeagent"]
     lines.append(
         f"speedup = direct p50 / edge p50; vs nginx = nginx p50 / edge p50; seed to beat "
