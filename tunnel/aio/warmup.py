@@ -23,7 +23,7 @@ kilobytes and never costs a short link anything:
   loss only causes more cuts (measured on the emulated WAN at 0.1% loss: both
   connections' warm-up gave up after 2.5 and 5 s at windows of 947 and 120
   KiB, and the second stayed at 30-90 segments for the whole run, IMPLEMENTATION.md
-  §N11). BBR does not take random loss as congestion, so it pads on. (Padding
+  §N12). BBR does not take random loss as congestion, so it pads on. (Padding
   BBR on to twice the target, since its window is twice its bandwidth-delay
   estimate, was tried: every connection gave up at 5 s with 1.0-3.4 MiB
   windows, and the 768 KB p50 at no loss went from 433 to 523 ms);
