@@ -132,6 +132,15 @@ class OriginSet:
     def any_usable(self) -> bool:
         return any(pool.usable for pool in self.pools.values())
 
+    @property
+    def any_warm(self) -> bool:
+        """Some origin has a usable connection done warming its window."""
+        return any(
+            connection.can_open_stream and not connection.warming
+            for pool in self.pools.values()
+            for connection in pool.connections
+        )
+
     async def wait_ready(self) -> None:
         await asyncio.wait(
             [asyncio.ensure_future(p.wait_ready()) for p in self.pools.values()],

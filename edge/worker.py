@@ -43,6 +43,8 @@ log = logging.getLogger("geoedge.edge")
 throttled = LogThrottle(log)
 
 SWEEP_INTERVAL_S = 1.0
+#: How often a worker getting ready looks at its tunnels (a few seconds at most).
+WARM_POLL_S = 0.05
 
 
 class EdgeWorker:
@@ -95,11 +97,27 @@ class EdgeWorker:
 
     # -- life cycle -----------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, *, accept: bool = True) -> None:
+        """Dial the origins and start the sweep; accept clients now, or (``accept``
+        False: other workers serve meanwhile) only once :meth:`accept` is called."""
         self.origins.start()
+        if accept:
+            self.accept()
+        self._tasks.append(asyncio.create_task(self._sweep()))
+
+    def accept(self) -> None:
+        """Start accepting clients on every listening socket (once; not while draining)."""
+        if self._listeners or self.draining:
+            return
         for listener, sock in self._sockets:
             self._listeners.append(self._listen(listener, sock))
-        self._tasks.append(asyncio.create_task(self._sweep()))
+
+    async def wait_warm(self) -> None:
+        """Until a tunnel connection to some origin is up and warm
+        (:mod:`tunnel.aio.warmup`): a request sent now crosses a grown window
+        and queues behind no warm-up padding."""
+        while not self.origins.any_warm:
+            await asyncio.sleep(WARM_POLL_S)
 
     def _listen(self, listener: ListenerConfig | None, sock: socket.socket) -> Listener:
         """Start accepting on ``sock``: its listener's kind of connections."""

@@ -15,17 +15,26 @@ loop of its own for the admin listener and the daemon's control plane, and a
 - on SIGTERM/SIGINT (or :meth:`Supervisor.stop`) stops restarting, forwards
   SIGTERM to the workers (they drain), waits, and after ``stop_timeout_s``
   SIGKILLs the stragglers; :meth:`Supervisor.run` returns when all are gone;
-- on SIGHUP calls the daemon's ``on_reload`` in the parent, then forwards SIGHUP
-  to the workers (a worker must handle or ignore it: its default is to die),
-  unless ``on_reload`` returned False (the parent found the new files bad and
-  said so once: the workers keep what they have);
+- on SIGHUP calls the daemon's ``on_reload``, then forwards SIGHUP to the
+  workers unless it returned False (both daemons do: they re-execute
+  themselves, :mod:`geoedge.reload`, and the workers have nothing to do);
 - forwards SIGUSR1 (reopen logs) and SIGUSR2 (log a memory report,
   :mod:`geoedge.memory`) to the workers; a worker ignores both until it
   takes them;
-- keeps a *control pipe* to each worker: :meth:`Supervisor.broadcast` sends a
-  JSON object per line (the origin sends pool snapshots and drains this way),
-  and :func:`listen_control` reads them in the worker. EOF on that pipe tells
-  a worker its parent is gone.
+- keeps two pipes to each worker (:mod:`geoedge.worker_pipes`): the control
+  pipe (:meth:`Supervisor.broadcast`, JSON lines; EOF tells a worker its
+  parent is gone) and the report pipe, on which a worker says it is ready.
+
+Generations (a reload). A supervisor that re-executed itself is given the
+workers of the one before (``adopted``, :class:`AdoptedWorker`): they keep
+serving while it forks a new worker for every slot. Each new worker gets
+``takeover=True`` (someone else serves: it readies itself, for the edge its
+tunnels up and warm, before it accepts a client) and reports ready; once every
+slot's worker has, the older generation is *retired*: SIGTERM (they stop
+accepting and drain), SIGKILL after ``stop_timeout_s``, never restarted.
+Until then the older workers serve, however long that takes: a new generation
+that cannot get ready (a crash loop, no tunnel) replaces nothing.
+:meth:`Supervisor.handover` is what the next re-exec passes on.
 
 A worker is a function ``worker_main(WorkerContext) -> exit status`` run in the
 child right after the fork. It must start its own event loop (the parent's is
@@ -33,27 +42,20 @@ unusable there); the child ends with ``os._exit`` so nothing of the parent's
 (atexit handlers, the parent loop's cleanup) runs twice.
 
 Why fork from inside the parent's running loop: restarts happen while the admin
-listener runs. In the child, :func:`_reset_after_fork` forgets the parent's
-running loop (Python 3.12 does this itself at fork; 3.11 does not), restores
-default signal dispositions and closes the parent's descriptors it was told
-about (``parent_fds``) and the other workers' control pipes and pidfds. The
-parent's threads (the DNS resolver's) do not exist in the child, which touches
-nothing of theirs.
+listener runs. In the child, :func:`geoedge.worker_fds.reset_after_fork`
+forgets the parent's running loop (Python 3.12 does this itself at fork; 3.11
+does not), restores default signal dispositions and closes the parent's
+descriptors it was told about (``parent_fds``) and the other workers' pipes
+and pidfds. The parent's threads (the DNS resolver's) do not exist in the
+child, which touches nothing of theirs.
 
-What a worker inherits: stdin/stdout/stderr, its own control pipe, and the
+What a worker inherits: stdin/stdout/stderr, its own two pipes, and the
 descriptors that were open when :meth:`Supervisor.run` started (minus
 ``parent_fds``): the listening sockets, the TLS material, the log streams,
 prometheus_client's mmap files -- open what the workers need before ``run``.
 Anything the parent opened since (an accepted admin connection, a health
-check's socket, a DNS query's) is released in a worker forked later, a
-restarted one, or it would keep the connection open after the parent closed
-it (its peer never sees EOF). Released, not closed: it is pointed at
-``/dev/null`` (:func:`_release_fds`), because the parent's Python objects that
-own it live on in the child and may close their number some day (a socket in
-a garbage cycle, prometheus_client closing the parent's files after the fork);
-a closed number could by then belong to one of the worker's own sockets.
-Without ``/proc`` there is no record, and a worker inherits everything open at
-its fork but the descriptors listed above.
+check's socket, a DNS query's) is released in a worker forked later
+(:mod:`geoedge.worker_fds` says how and why).
 
 ``workers = 1`` still forks one worker: the parent is the same in production
 and in tests. Daemons offer an in-process mode of their own for fine-grained
@@ -63,7 +65,6 @@ tests (the origin's :class:`origin.daemon.OriginDaemon` with ``in_process=True``
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import logging
 import os
@@ -72,29 +73,32 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from geoedge.worker_fds import (
+    PARENT_SIGNALS,
+    FdIdentity,
+    fds_opened_since,
+    open_fds,
+    release_fds,
+    reset_after_fork,
+)
+from geoedge.worker_pipes import ControlWriter, ReportReader, listen_control, report_ready
 from tunnel.policy import Backoff
 
 __all__ = [
+    "AdoptedWorker",
     "Supervisor",
     "SupervisorStatistics",
     "WorkerContext",
     "listen_control",
+    "report_ready",
     "resolve_worker_count",
 ]
 
 log = logging.getLogger("geoedge.workers")
-
-#: Signals whose parent-side handlers a child must not inherit.
-_PARENT_SIGNALS = (
-    signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD,
-)  # fmt: skip
-#: Bytes of control messages kept for a worker that does not read them; past
-#: this the worker is considered stuck and killed (it will be restarted).
-MAX_CONTROL_BACKLOG = 16 * 1024 * 1024
 
 
 def resolve_worker_count(workers: int) -> int:
@@ -116,20 +120,60 @@ class WorkerContext:
     control_fd: int
     """Read end of the control pipe (JSON lines); see :func:`listen_control`."""
     parent_pid: int
+    report_fd: int = -1
+    """Write end of the report pipe; see :func:`report_ready`."""
+    takeover: bool = False
+    """Another worker serves clients now (an older generation during a reload,
+    or a sibling while this one restarts): get ready before accepting any."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdoptedWorker:
+    """A worker forked by the supervisor before it re-executed itself: the same
+    process (its parent is still this pid), with its pipes' descriptors."""
+
+    pid: int
+    index: int
+    control_fd: int
+    report_fd: int
+    retiring: bool
+    """Already told to drain (by a takeover before the re-exec)."""
+    kill_at: float = 0.0
+    """When a retiring one is killed (``CLOCK_MONOTONIC`` seconds, which an exec keeps)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AdoptedWorker:
+        return cls(
+            pid=int(data["pid"]),
+            index=int(data["index"]),
+            control_fd=int(data["control_fd"]),
+            report_fd=int(data["report_fd"]),
+            retiring=bool(data["retiring"]),
+            kill_at=float(data.get("kill_at", 0.0)),
+        )
 
 
 WorkerMain = Callable[[WorkerContext], int]
-#: What a descriptor refers to: ``(st_dev, st_ino)`` of its open file.
-FdIdentity = tuple[int, int]
 
 
 @dataclass(frozen=True, slots=True)
 class SupervisorStatistics:
     target: int
     running: int
+    """Workers of the current generation alive."""
     restarts: int
     stopping: bool
     pids: tuple[int, ...]
+    """The current generation's."""
+    ready: int = 0
+    """Of the current generation, those that reported ready."""
+    previous: tuple[int, ...] = ()
+    """An older generation still serving (until every current worker is ready)."""
+    retiring: tuple[int, ...] = ()
+    """Older workers draining."""
 
 
 @dataclass(slots=True, eq=False)
@@ -137,10 +181,22 @@ class _Slot:
     index: int
     pid: int = 0
     pidfd: int = -1
-    control: _ControlWriter | None = None
+    control: ControlWriter | None = None
+    report: ReportReader | None = None
     started_at: float = 0.0
     attempt: int = 0
     restart: asyncio.TimerHandle | None = None
+    ready: bool = False
+    retiring: bool = False
+    kill_at: float = 0.0
+    kill: asyncio.TimerHandle | None = None
+
+    def fds(self) -> list[int]:
+        fds = [self.pidfd] if self.pidfd >= 0 else []
+        for pipe in (self.control, self.report):
+            if pipe is not None and pipe.fd >= 0:
+                fds.append(pipe.fd)
+        return fds
 
 
 class Supervisor:
@@ -161,8 +217,12 @@ class Supervisor:
         on_worker_exit: Callable[[int, int], None] | None = None,
         parent_fds: Callable[[], Iterable[int]] = tuple,
         on_stopping: Callable[[], None] | None = None,
+        on_generation_ready: Callable[[], None] | None = None,
+        adopted: Sequence[AdoptedWorker] = (),
         rng: random.Random | None = None,
     ) -> None:
+        """``on_generation_ready``: every current worker has reported ready (an
+        older generation, if any, is retired at that moment)."""
         self._worker_main = worker_main
         self.target = resolve_worker_count(workers)
         self._stop_timeout_s = stop_timeout_s
@@ -172,10 +232,15 @@ class Supervisor:
         self._on_worker_exit = on_worker_exit
         self._parent_fds = parent_fds
         self._on_stopping = on_stopping
+        self._on_generation_ready = on_generation_ready
+        self._adopted = tuple(adopted)
         self._rng = rng or random.Random()
         self._slots = [_Slot(i) for i in range(self.target)]
+        #: Older generations: serving until a takeover, then retiring.
+        self._older: list[_Slot] = []
         self._restarts = 0
         self._stopping = False
+        self._generation_ready = False
         self._done: asyncio.Future[None] | None = None
         self._kill_timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -194,7 +259,9 @@ class Supervisor:
         loop.add_signal_handler(signal.SIGHUP, self._on_hup)
         loop.add_signal_handler(signal.SIGUSR1, self._forward, signal.SIGUSR1)
         loop.add_signal_handler(signal.SIGUSR2, self._forward, signal.SIGUSR2)
-        self._inherited_fds = _open_fds()
+        for adopted in self._adopted:
+            self._adopt(adopted)
+        self._inherited_fds = open_fds()
         try:
             for slot in self._slots:
                 if not self._stopping:
@@ -203,10 +270,13 @@ class Supervisor:
                 self._check_done()
             await self._done
         finally:
-            for sig in _PARENT_SIGNALS[:-1]:  # all but SIGCHLD, never handled here
+            for sig in PARENT_SIGNALS[:-1]:  # all but SIGCHLD, never handled here
                 loop.remove_signal_handler(sig)
             if self._kill_timer is not None:
                 self._kill_timer.cancel()
+            for slot in self._older:
+                if slot.kill is not None:
+                    slot.kill.cancel()
 
     def stop(self) -> None:
         """Stop restarting, SIGTERM every worker, SIGKILL them after
@@ -214,7 +284,7 @@ class Supervisor:
         if self._stopping:
             return
         self._stopping = True
-        log.info("stopping %d worker(s)", self.running)
+        log.info("stopping %d worker(s)", self.running + len(self._older))
         if self._on_stopping is not None:
             self._on_stopping()  # e.g. STOPPING=1 to systemd, before the drain
         for slot in self._slots:
@@ -222,19 +292,45 @@ class Supervisor:
                 slot.restart.cancel()
                 slot.restart = None
             self._signal(slot, signal.SIGTERM)
+        for slot in self._older:
+            if not slot.retiring:
+                self._signal(slot, signal.SIGTERM)
         if self._loop is not None:
             self._kill_timer = self._loop.call_later(self._stop_timeout_s, self._kill_all)
             self._check_done()
 
     def broadcast(self, message: Mapping[str, Any]) -> None:
-        """Send ``message`` (JSON-serializable) to every running worker."""
+        """Send ``message`` (JSON-serializable) to every running worker, older
+        generations included (an origin's pool change reaches streams they hold)."""
         line = (json.dumps(message, separators=(",", ":")) + "\n").encode()
-        for slot in self._slots:
+        for slot in [*self._slots, *self._older]:
             if slot.control is not None and not slot.control.send(line):
                 log.error(
                     "worker %d (pid %d) is not reading its control pipe", slot.index, slot.pid
                 )
                 self._signal(slot, signal.SIGKILL)
+
+    def handover(self) -> list[AdoptedWorker]:
+        """Every live worker, for the supervisor this process is about to
+        become (an exec): their pipes are made inheritable, and nothing here
+        touches them from now on (the loop stops watching them)."""
+        adopted = []
+        for slot in [*self._older, *self._slots]:
+            if not slot.pid:
+                continue
+            control = slot.control.fd if slot.control is not None else -1
+            report = slot.report.fd if slot.report is not None else -1
+            for fd in (control, report):
+                if fd >= 0:
+                    os.set_inheritable(fd, True)
+            if self._loop is not None and slot.pidfd >= 0:
+                self._loop.remove_reader(slot.pidfd)
+            if self._loop is not None and report >= 0:
+                self._loop.remove_reader(report)
+            adopted.append(
+                AdoptedWorker(slot.pid, slot.index, control, report, slot.retiring, slot.kill_at)
+            )
+        return adopted
 
     @property
     def running(self) -> int:
@@ -244,6 +340,11 @@ class Supervisor:
     def all_running(self) -> bool:
         return self.running == self.target and not self._stopping
 
+    @property
+    def generation_ready(self) -> bool:
+        """Every current worker has reported ready (since the last one started)."""
+        return self._generation_ready
+
     def statistics(self) -> SupervisorStatistics:
         return SupervisorStatistics(
             target=self.target,
@@ -251,9 +352,18 @@ class Supervisor:
             restarts=self._restarts,
             stopping=self._stopping,
             pids=tuple(slot.pid for slot in self._slots if slot.pid),
+            ready=sum(1 for slot in self._slots if slot.pid and slot.ready),
+            previous=tuple(s.pid for s in self._older if s.pid and not s.retiring),
+            retiring=tuple(s.pid for s in self._older if s.pid and s.retiring),
         )
 
     # -- forking -----------------------------------------------------------------------
+
+    def _serving_elsewhere(self, slot: _Slot) -> bool:
+        """Whether a worker other than ``slot``'s serves clients now."""
+        return any(s.pid and not s.retiring for s in self._older) or any(
+            s is not slot and s.pid and s.ready for s in self._slots
+        )
 
     def _spawn(self, slot: _Slot) -> None:
         assert self._loop is not None
@@ -262,45 +372,49 @@ class Supervisor:
             return
         sys.stdout.flush()
         sys.stderr.flush()
+        takeover = self._serving_elsewhere(slot)
+        pipes: list[int] = []
         try:
-            read_fd, write_fd = os.pipe()
-            try:
-                pid = os.fork()
-            except OSError:
-                os.close(read_fd)
-                os.close(write_fd)
-                raise
+            pipes.extend(os.pipe())
+            pipes.extend(os.pipe())
+            pid = os.fork()
         except OSError as exc:  # EAGAIN, ENOMEM, EMFILE: try again later
+            for fd in pipes:
+                os.close(fd)
             slot.attempt += 1
             delay = self._backoff.delay(slot.attempt, self._rng)
             log.error("cannot fork worker %d (%s); retrying in %.2fs", slot.index, exc, delay)
             slot.restart = self._loop.call_later(delay, self._spawn, slot)
             return
+        control_r, control_w, report_r, report_w = pipes
         if pid == 0:  # the child: never returns
-            os.close(write_fd)
-            self._run_child(slot.index, read_fd)
-        os.close(read_fd)
+            os.close(control_w)
+            os.close(report_r)
+            self._run_child(slot.index, control_r, report_w, takeover)
+        os.close(control_r)
+        os.close(report_w)
         slot.pid = pid
+        slot.ready = False
+        self._generation_ready = False
         slot.started_at = time.monotonic()
-        slot.control = _ControlWriter(self._loop, write_fd)
+        slot.control = ControlWriter(self._loop, control_w)
+        slot.report = ReportReader(self._loop, report_r, lambda m: self._reported(slot, pid, m))
         slot.pidfd = os.pidfd_open(pid)
         self._loop.add_reader(slot.pidfd, self._reap, slot)
-        log.info("worker %d started (pid %d)", slot.index, pid)
+        log.info("worker %d started (pid %d)%s", slot.index, pid, " to take over" * takeover)
 
-    def _run_child(self, index: int, control_fd: int) -> None:
+    def _run_child(self, index: int, control_fd: int, report_fd: int, takeover: bool) -> None:
         code = 1
         try:
-            own = {control_fd}
+            own = {control_fd, report_fd}
             inherited = [fd for fd in self._parent_fds() if fd not in own]
-            for slot in self._slots:
-                if slot.control is not None:
-                    inherited.append(slot.control.fd)
-                if slot.pidfd >= 0:
-                    inherited.append(slot.pidfd)
-            _reset_after_fork(inherited)
-            if self._inherited_fds is not None and (now := _open_fds()) is not None:
-                _release_fds(_fds_opened_since(self._inherited_fds, now, keep=own))
-            code = self._worker_main(WorkerContext(index, control_fd, os.getppid()))
+            for slot in [*self._slots, *self._older]:
+                inherited.extend(slot.fds())
+            reset_after_fork(inherited)
+            if self._inherited_fds is not None and (now := open_fds()) is not None:
+                release_fds(fds_opened_since(self._inherited_fds, now, keep=own))
+            context = WorkerContext(index, control_fd, os.getppid(), report_fd, takeover)
+            code = self._worker_main(context)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
         except BaseException:
@@ -310,6 +424,73 @@ class Supervisor:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+
+    def _adopt(self, adopted: AdoptedWorker) -> None:
+        """Watch a worker of the supervisor before the re-exec (still our child)."""
+        assert self._loop is not None
+        slot = _Slot(adopted.index, pid=adopted.pid, ready=True, retiring=adopted.retiring)
+        try:
+            slot.pidfd = os.pidfd_open(adopted.pid)
+        except ProcessLookupError:  # cannot be while it is our unreaped child
+            log.error("adopted worker pid %d is gone", adopted.pid)
+            return
+        for fd in (adopted.control_fd, adopted.report_fd):
+            if fd >= 0:
+                os.set_inheritable(fd, False)
+        if adopted.control_fd >= 0:
+            slot.control = ControlWriter(self._loop, adopted.control_fd)
+        if adopted.report_fd >= 0:
+            slot.report = ReportReader(self._loop, adopted.report_fd, lambda m: None)
+        slot.started_at = time.monotonic()
+        self._older.append(slot)
+        self._loop.add_reader(slot.pidfd, self._reap, slot)
+        if slot.retiring:
+            self._arm_kill(slot, adopted.kill_at)
+        log.info(
+            "worker pid %d of the previous supervisor %s",
+            adopted.pid,
+            "drains" if slot.retiring else "serves until the new workers are ready",
+        )
+
+    # -- readiness and takeover ---------------------------------------------------------
+
+    def _reported(self, slot: _Slot, pid: int, message: Mapping[str, Any]) -> None:
+        if message.get("op") != "ready" or slot.pid != pid or slot.ready:
+            return
+        slot.ready = True
+        log.info("worker %d (pid %d) ready", slot.index, pid)
+        self._check_generation_ready()
+
+    def _check_generation_ready(self) -> None:
+        if self._generation_ready or self._stopping:
+            return
+        if not all(slot.pid and slot.ready for slot in self._slots):
+            return
+        self._generation_ready = True
+        self._retire_older()
+        if self._on_generation_ready is not None:
+            self._on_generation_ready()
+
+    def _retire_older(self) -> None:
+        """The current generation serves: the older one stops accepting and drains."""
+        assert self._loop is not None
+        for slot in self._older:
+            if slot.pid and not slot.retiring:
+                slot.retiring = True
+                log.info("retiring worker pid %d of the previous generation", slot.pid)
+                self._signal(slot, signal.SIGTERM)
+                self._arm_kill(slot, time.monotonic() + self._stop_timeout_s)
+
+    def _arm_kill(self, slot: _Slot, at: float) -> None:
+        assert self._loop is not None
+        slot.kill_at = at
+        delay = max(0.0, at - time.monotonic())
+        slot.kill = self._loop.call_later(delay, self._kill_one, slot)
+
+    def _kill_one(self, slot: _Slot) -> None:
+        if slot.pid:
+            log.warning("worker pid %d did not stop in time: killing", slot.pid)
+            self._signal(slot, signal.SIGKILL)
 
     # -- reaping and restarting ------------------------------------------------------------
 
@@ -324,14 +505,22 @@ class Supervisor:
         self._loop.remove_reader(slot.pidfd)
         os.close(slot.pidfd)
         slot.pidfd = -1
-        if slot.control is not None:
-            slot.control.close()
-            slot.control = None
+        for pipe in (slot.control, slot.report):
+            if pipe is not None:
+                pipe.close()
+        slot.control = slot.report = None
         code = os.waitstatus_to_exitcode(status)
         dead_pid, slot.pid = slot.pid, 0
         lived_s = time.monotonic() - slot.started_at
         if self._on_worker_exit is not None:
             self._on_worker_exit(dead_pid, code)
+        if slot in self._older:
+            self._older.remove(slot)
+            if slot.kill is not None:
+                slot.kill.cancel()
+            log.info("worker pid %d of the previous generation exited with %s", dead_pid, code)
+            self._check_done()
+            return
         if self._stopping:
             log.info("worker %d (pid %d) exited with %s", slot.index, dead_pid, code)
             self._check_done()
@@ -350,11 +539,17 @@ class Supervisor:
         slot.restart = self._loop.call_later(delay, self._spawn, slot)
 
     def _check_done(self) -> None:
-        if self._stopping and self.running == 0 and self._done and not self._done.done():
+        if (
+            self._stopping
+            and self.running == 0
+            and not self._older
+            and self._done
+            and not self._done.done()
+        ):
             self._done.set_result(None)
 
     def _kill_all(self) -> None:
-        for slot in self._slots:
+        for slot in [*self._slots, *self._older]:
             if slot.pid:
                 log.warning(
                     "worker %d (pid %d) did not stop in time: killing", slot.index, slot.pid
@@ -378,161 +573,5 @@ class Supervisor:
         self._forward(signal.SIGHUP)
 
     def _forward(self, sig: int) -> None:
-        for slot in self._slots:
+        for slot in [*self._slots, *self._older]:
             self._signal(slot, sig)
-
-
-def _reset_after_fork(inherited_fds: Iterable[int]) -> None:
-    """In a fresh child: forget the parent's loop, signals and descriptors."""
-    asyncio.events._set_running_loop(None)  # 3.11 does not reset it at fork (3.12 does)
-    asyncio.set_event_loop(None)
-    signal.set_wakeup_fd(-1)
-    for sig in _PARENT_SIGNALS:
-        signal.signal(sig, signal.SIG_DFL)
-    # A log reopen or memory report asked for before the worker takes it: none.
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    for fd in inherited_fds:
-        try:
-            os.close(fd)
-        except OSError as exc:
-            if exc.errno != errno.EBADF:
-                raise
-
-
-def _open_fds() -> dict[int, FdIdentity] | None:
-    """The descriptors open in this process and what each refers to; None without
-    ``/proc``. Identities, not just numbers: a descriptor closed since, whose
-    number now belongs to something else, must not pass for the old one."""
-    try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:
-        return None
-    fds: dict[int, FdIdentity] = {}
-    for name in names:
-        fd = int(name)
-        try:
-            stat = os.fstat(fd)
-        except OSError:  # listdir's own descriptor, closed by now
-            continue
-        fds[fd] = (stat.st_dev, stat.st_ino)
-    return fds
-
-
-def _fds_opened_since(
-    before: Mapping[int, FdIdentity], now: Mapping[int, FdIdentity], *, keep: Container[int]
-) -> list[int]:
-    """Descriptors in ``now`` that ``before`` did not have (or had, for another
-    file), apart from ``keep`` and stdin/stdout/stderr, which stay whatever they are."""
-    return sorted(
-        fd
-        for fd, identity in now.items()
-        if fd > 2 and fd not in keep and before.get(fd) != identity
-    )
-
-
-def _release_fds(fds: Sequence[int]) -> None:
-    """Point each of ``fds`` at ``/dev/null``: the file it referred to is no longer
-    held here, yet its number stays taken, so a stale owner that closes it later
-    cannot close an unrelated descriptor that reused the number (see the module
-    docstring)."""
-    if not fds:
-        return
-    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        for fd in fds:
-            os.dup2(null, fd, inheritable=False)
-    finally:
-        os.close(null)
-
-
-class _ControlWriter:
-    """Non-blocking writer of a control pipe with a bounded backlog."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
-        self._loop = loop
-        self.fd = fd
-        os.set_blocking(fd, False)
-        self._backlog = bytearray()
-        self._watching = False
-
-    def send(self, data: bytes) -> bool:
-        """Queue ``data``; False when the backlog is over its cap."""
-        if self.fd < 0:
-            return True
-        self._backlog += data
-        if len(self._backlog) > MAX_CONTROL_BACKLOG:
-            return False
-        self._flush()
-        return True
-
-    def _flush(self) -> None:
-        try:
-            while self._backlog:
-                written = os.write(self.fd, self._backlog)
-                del self._backlog[:written]
-        except BlockingIOError:
-            pass
-        except OSError:  # the worker is gone; its reaping closes us
-            self._backlog.clear()
-        if self._backlog and not self._watching:
-            self._loop.add_writer(self.fd, self._flush)
-            self._watching = True
-        elif not self._backlog and self._watching:
-            self._loop.remove_writer(self.fd)
-            self._watching = False
-
-    def close(self) -> None:
-        if self.fd < 0:
-            return
-        if self._watching:
-            self._loop.remove_writer(self.fd)
-        os.close(self.fd)
-        self.fd = -1
-
-
-# --------------------------------------------------------------------------- worker side
-
-
-@dataclass(slots=True)
-class _ControlReader(asyncio.Protocol):
-    on_message: Callable[[dict[str, Any]], None]
-    on_parent_gone: Callable[[], None]
-    buffer: bytearray = field(default_factory=bytearray)
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while (end := self.buffer.find(b"\n")) >= 0:
-            line = bytes(self.buffer[:end])
-            del self.buffer[: end + 1]
-            try:
-                message = json.loads(line)
-            except ValueError:
-                log.error("bad control message from the parent: %r", line[:200])
-                continue
-            try:
-                self.on_message(message)
-            except Exception:
-                log.exception("control message %r failed", message.get("op"))
-
-    def eof_received(self) -> bool:
-        self.on_parent_gone()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        return None
-
-
-async def listen_control(
-    context: WorkerContext,
-    on_message: Callable[[dict[str, Any]], None],
-    on_parent_gone: Callable[[], None],
-) -> asyncio.BaseTransport:
-    """In a worker: call ``on_message(dict)`` for each message the parent broadcasts,
-    and ``on_parent_gone()`` at EOF (the parent died). Returns the pipe's transport."""
-    loop = asyncio.get_running_loop()
-    pipe = os.fdopen(context.control_fd, "rb", buffering=0)
-    transport, _ = await loop.connect_read_pipe(
-        lambda: _ControlReader(on_message, on_parent_gone), pipe
-    )
-    return transport

@@ -17,10 +17,13 @@ the drain in its starting snapshot.
 
 Signals: SIGTERM/SIGINT: stop (workers send GOAWAY, drain for up to
 ``drain_timeout_s``, reset the rest, exit; the parent waits for them, SIGKILLs
-stragglers 5 s after the drain deadline, and exits 0). SIGHUP: reload the
-config file's pools; an invalid file is logged and the old pools stay.
-Settings that need a restart (listener, tunnel tuning, admin address, worker
-count) are reported as such and left as they were.
+stragglers 5 s after the drain deadline, and exits 0). SIGHUP (or ``--reload
+PID``, the unit's ``ExecReload=``): reload in place, code and every setting
+(:mod:`geoedge.reload`): a checked config, a re-exec that keeps the tunnel
+listener, the drains and the backends found down, new workers listening, then
+the old ones send GOAWAY: the edges open new streams on tunnels to the new
+workers while the open ones finish on the old. An invalid file is refused and
+everything stays as it was.
 
 ``/healthz`` is 200 when every worker is running, at least one backend of
 some pool is healthy and not drained, and no stop has begun: from SIGTERM on
@@ -49,7 +52,7 @@ from prometheus_client.metrics_core import Metric
 
 from geoedge.admin import AdminServer, HealthReport
 from geoedge.config import ConfigError
-from geoedge.listening import activated_or_bound
+from geoedge.listening import Listening, take_listeners
 from geoedge.logs import AccessLog
 from geoedge.memory import MemoryKeeper, tune_gc
 from geoedge.metrics import (
@@ -59,9 +62,12 @@ from geoedge.metrics import (
     process_exited,
 )
 from geoedge.preflight import ListenError
+from geoedge.reexec import Inheritance
+from geoedge.reload import Reloader, handover_record
 from geoedge.status_window import MetricsWindow
-from geoedge.systemd import ServiceNotifier, listen_sockets
-from geoedge.workers import Supervisor, WorkerContext, listen_control
+from geoedge.systemd import ServiceNotifier
+from geoedge.version import running_version
+from geoedge.workers import Supervisor, WorkerContext, listen_control, report_ready
 from origin.admission import TlsAudit
 from origin.config import OriginConfig, load_origin_config
 from origin.control import ControlPlane
@@ -78,6 +84,8 @@ log = logging.getLogger("geoedge.origin")
 
 #: Grace after the drain deadline before the parent SIGKILLs a worker.
 KILL_GRACE_S = 5.0
+#: A reload whose new workers do not all listen within this long is reported failed.
+TAKEOVER_TIMEOUT_S = 10.0
 
 
 def open_access_log(config: OriginConfig) -> AccessLog | None:
@@ -94,12 +102,17 @@ class OriginDaemon:
         *,
         config_path: str | Path | None = None,
         in_process: bool = False,
+        inheritance: Inheritance | None = None,
     ) -> None:
+        """``inheritance``: what the supervisor's previous image passed on (this
+        process is the exec of a reload, :mod:`geoedge.reexec`)."""
         self.config = config
         self.config_path = config_path
         self.in_process = in_process
+        self.inheritance = inheritance
         self._metrics_dir: Path | None = None
         self._sock: socket.socket | None = None
+        self._listening = Listening([], [])
         self._ssl: ssl.SSLContext | None = None
         self._audit = TlsAudit()
         self.control: ControlPlane | None = None
@@ -111,6 +124,16 @@ class OriginDaemon:
         self.ready = asyncio.Event()
         # Under systemd only (not in process: tests' origins share the test's env).
         self.notifier = ServiceNotifier({} if in_process else None)
+        self.reloader: Reloader | None = None
+        if not in_process:
+            self.reloader = Reloader(
+                notifier=self.notifier,
+                handover=self._handover,
+                takeover_timeout_s=TAKEOVER_TIMEOUT_S,
+                inheritance=inheritance,
+                describe=lambda: f"version {running_version()}, new workers listening",
+                on_result=self._reloaded,
+            )
 
     # -- parent ------------------------------------------------------------------------
 
@@ -119,7 +142,11 @@ class OriginDaemon:
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
         if not self.in_process:
-            self._metrics_dir = enable_multiprocess()
+            inherited = self.inheritance
+            if inherited is not None and inherited.metrics_dir is not None:
+                self._metrics_dir = enable_multiprocess(inherited.metrics_dir, keep=True)
+            else:
+                self._metrics_dir = enable_multiprocess()
         try:
             await self._run()
         finally:
@@ -153,7 +180,9 @@ class OriginDaemon:
                 on_reload=self.request_reload,
                 on_worker_exit=self._on_worker_exit,
                 parent_fds=self._parent_fds,
-                on_stopping=lambda: self.notifier.stopping("draining"),
+                on_stopping=self._stopping,
+                on_generation_ready=self._generation_ready,
+                adopted=self.inheritance.workers if self.inheritance is not None else (),
             )
         status = OriginStatus(
             config.origin.id,
@@ -171,10 +200,18 @@ class OriginDaemon:
         )
         try:
             await self.control.start()
+            inherited = self.inheritance
+            admin_sock = control_sock = None
+            if inherited is not None:
+                self.control.restore(inherited.state)
+                admin_sock = next((s.take() for s in inherited.of_role("admin")), None)
+                control_sock = next((s.take() for s in inherited.of_role("control")), None)
             try:
-                await self.admin.start()
+                await self.admin.start(admin_sock)
             except OSError as exc:
                 raise ListenError("[admin] address", config.admin.address, exc) from None
+            if self.reloader is not None:
+                self.reloader.start(control_sock)
             if self.worker is not None:
                 await self.worker.start(
                     sock=self._sock, ssl_context=self._ssl, tls_audit=self._audit
@@ -197,19 +234,26 @@ class OriginDaemon:
                 try:
                     await self.supervisor.run()
                 finally:
+                    if self.reloader is not None:
+                        self.reloader.close()
                     counter.cancel()
                     systemd.cancel()
                     self.notifier.close()
         finally:
             await self.admin.close()
             await self.control.close()
-            self._sock.close()
+            self._listening.close()
 
     def _activated_or_bound(self, address: str) -> socket.socket:
-        """The tunnel listener: the socket systemd passed for ``address``
-        (socket activation), else a new one."""
-        passed = [] if self.in_process else listen_sockets()
-        return activated_or_bound([("[tunnel_listener] address", address)], passed)[0]
+        """The tunnel listener: the one the supervisor's previous image held (a
+        reload), or the one systemd passed for ``address`` (socket activation),
+        else a new one."""
+        self._listening = take_listeners(
+            [("[tunnel_listener] address", address)],
+            self.inheritance,
+            activation=not self.in_process,
+        )
+        return self._listening.sockets[0]
 
     def _current_backends_only(self, families: list[Metric]) -> list[Metric]:
         """The series of backends the pools still have: a backend removed by a
@@ -247,20 +291,41 @@ class OriginDaemon:
         self._stop.set()
 
     def request_reload(self) -> bool:
-        """SIGHUP: re-read the config file's pools (in a task: it may resolve DNS).
-        The workers take the new pools from the snapshots it publishes."""
-        self.notifier.reloading()
-        task = asyncio.get_running_loop().create_task(self.reload())
+        """SIGHUP: reload in place (:mod:`geoedge.reload`); in process, the pools only."""
+        if self.reloader is not None:
+            return self.reloader.request()
+        asyncio.get_running_loop().create_task(self.reload())
+        return False
 
-        def reloaded(done: asyncio.Task[bool]) -> None:
-            ok = not done.cancelled() and done.exception() is None and done.result()
-            self.notifier.ready("pools reloaded" if ok else "reload rejected: pools unchanged")
+    def _stopping(self) -> None:
+        self.notifier.stopping("draining")
+        if self.reloader is not None:
+            self.reloader.close()
 
-        task.add_done_callback(reloaded)
-        return False  # nothing for the workers to do on the signal itself
+    def _generation_ready(self) -> None:
+        if self.reloader is not None:
+            self.reloader.generation_ready()
+
+    def _reloaded(self, result: str) -> None:
+        if self.control is not None:
+            self.control.metrics.reloads.labels("ok" if result == "ok" else "error").inc()
+
+    def _handover(self, replies: list[int], requested_at: float) -> Inheritance:
+        assert self.reloader is not None and self.control is not None
+        return handover_record(
+            listening=self._listening,
+            admin=self.admin,
+            reloader=self.reloader,
+            supervisor=self.supervisor,
+            metrics_dir=str(self._metrics_dir) if self._metrics_dir is not None else None,
+            replies=replies,
+            requested_at=requested_at,
+            state=self.control.state.carried(),
+        )
 
     async def reload(self, config: OriginConfig | None = None) -> bool:
-        """Adopt the pools of ``config`` (or of the config file); False if invalid."""
+        """In process (tests): adopt the pools of ``config`` (or of the config
+        file); False if invalid. The daemon's own reload replaces its workers."""
         assert self.control is not None
         metrics = self.control.metrics
         if config is None:
@@ -296,7 +361,8 @@ class OriginDaemon:
 
     def _parent_fds(self) -> list[int]:
         fd = self.admin.fileno() if self.admin is not None else None
-        return [fd] if fd is not None else []
+        fds = [fd] if fd is not None else []
+        return fds + (self.reloader.fds() if self.reloader is not None else [])
 
     async def _count_workers(self) -> None:
         assert self.supervisor is not None and self.control is not None
@@ -390,6 +456,7 @@ class OriginDaemon:
             loop.add_signal_handler(signal.SIGUSR1, access_log.reopen)
         await worker.start(sock=self._sock, ssl_context=self._ssl, tls_audit=self._audit)
         pipe = await listen_control(context, worker.on_control, stopping.set)
+        report_ready(context)  # listening: the older workers may go
         tune_gc()
         memory = MemoryKeeper("geoedge_origin", ("origin", "tunnel"))
         memory.start()  # SIGUSR2: a memory report
