@@ -166,14 +166,27 @@ class Http1Connection(asyncio.Protocol):
         if missed is not None:
             self._time_out(missed)
 
-    def drain(self, websocket_close_in_s: float = 0.0) -> None:
+    def drain(self, websocket_close_in_s: float = 0.0, first_request_s: float = 0.0) -> None:
+        """Close after the request in hand (``Connection: close``); an idle
+        keep-alive connection now (a request the client sent meanwhile is one
+        it may retry, RFC 9112 §9.3.1); a fresh one (no request yet: its first
+        is on its way) once it is answered, or after ``first_request_s``
+        without one; a request head half read once it is answered."""
         requests = self._requests
-        if requests.phase in (Phase.IDLE, Phase.HEAD):
-            self._responses.close()
+        if requests.phase is Phase.IDLE:
+            if requests.requests_seen:
+                self._responses.close()
+            else:
+                asyncio.get_running_loop().call_later(first_request_s, self._close_if_unused)
         elif requests.phase is Phase.TUNNEL and requests.exchange is not None:
             asyncio.get_running_loop().call_later(
                 websocket_close_in_s, requests.exchange.close_websocket, CLOSE_GOING_AWAY
             )
+
+    def _close_if_unused(self) -> None:
+        requests = self._requests
+        if requests.phase is Phase.IDLE and not requests.requests_seen:
+            self._responses.close()
 
     def close_now(self, reason: str) -> None:
         log.debug("closing %s: %s", self.client_ip, reason)

@@ -77,6 +77,7 @@ class Http1Requests:
         "phase",
         "phase_since",
         "reader",
+        "requests_seen",
         "responses",
     )
 
@@ -102,8 +103,16 @@ class Http1Requests:
         self._held: list[Any] | None = None  # events behind the exchange in progress
         self._client_eof = False
         self.phase = Phase.IDLE
+        #: Request heads read on this connection (0: a fresh one, whose first
+        #: request a drain waits for: edge.worker.DRAIN_FIRST_REQUEST_S).
+        self.requests_seen = 0
         self.phase_since = opened_at  # the connection's first request is awaited from then
         self.client_active_at = opened_at
+
+    @property
+    def draining(self) -> bool:
+        """The worker drains: each response says ``Connection: close``."""
+        return self._services.draining
 
     # -- edge.deadlines.Clock ---------------------------------------------------------
 
@@ -206,9 +215,7 @@ class Http1Requests:
 
     def _start(self, head: RequestHeadReceived) -> None:
         services = self._services
-        if services.draining:
-            self.responses.answer_own(own_record(503, "edge is draining", "rejected", head))
-            return
+        self.requests_seen += 1
         if not services.request_rate.allow(self.client_ip, self.client_active_at):
             self.responses.answer_own(own_record(429, "request rate limit", "rejected", head))
             return

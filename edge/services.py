@@ -54,9 +54,10 @@ class ClientConnection(Protocol):
     def sweep(self, now: float) -> None:
         """Apply the deadlines (once a second, edge.deadlines)."""
 
-    def drain(self, websocket_close_in_s: float = 0.0) -> None:
+    def drain(self, websocket_close_in_s: float = 0.0, first_request_s: float = 0.0) -> None:
         """The edge is draining: finish what is in flight, take nothing new; its
-        WebSockets get the edge's Close (1001) after ``websocket_close_in_s``."""
+        WebSockets get the edge's Close (1001) after ``websocket_close_in_s``; a
+        connection with no request yet gets ``first_request_s`` to send one."""
 
     def close_now(self, reason: str) -> None: ...
 

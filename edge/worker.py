@@ -12,7 +12,6 @@ get (:class:`edge.services.EdgeServices`): they call it, never import it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
@@ -45,6 +44,12 @@ throttled = LogThrottle(log)
 SWEEP_INTERVAL_S = 1.0
 #: How often a worker getting ready looks at its tunnels (a few seconds at most).
 WARM_POLL_S = 0.05
+#: How often a drain looks whether every connection is closed.
+DRAIN_POLL_S = 0.05
+#: A drain gives a connection with no request yet this long to send one: its
+#: client finished the handshake and sent it, or is about to (one round trip
+#: for TLS 1.2); answering it beats closing it unanswered.
+DRAIN_FIRST_REQUEST_S = 2.0
 
 
 class EdgeWorker:
@@ -76,10 +81,8 @@ class EdgeWorker:
         self._sockets = sockets
         self.origins = OriginSet(config.origins, config.tunnel)
         self.connections: set[ClientConnection] = set()
-        #: Set while no client connection is open (what a drain waits for).
-        self._no_connections = asyncio.Event()
-        self._no_connections.set()
         self.draining = False
+        self._websocket_window_s = 0.0
         self._listeners: list[Listener] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._id_prefix = os.urandom(4).hex()
@@ -193,22 +196,30 @@ class EdgeWorker:
         self.draining = True
         for accepting in self._listeners:
             accepting.close()
-        for task in self._tasks:
-            task.cancel()
         # WebSockets closed at random moments over the window: their clients
         # reconnect spread out, not as one wave.
         edge = self.config.edge
-        window = min(edge.drain_websocket_window_s, edge.drain_timeout_s)
+        self._websocket_window_s = min(edge.drain_websocket_window_s, edge.drain_timeout_s)
         for connection in list(self.connections):
-            connection.drain(random.uniform(0.0, window))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._no_connections.wait(), edge.drain_timeout_s)
+            self._drain_one(connection)
+        # Until every connection this worker accepted is closed, those still in
+        # their TLS handshake too (connection_opened drains them as they come):
+        # a client whose handshake began before the drain gets its answer.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + edge.drain_timeout_s
+        while (self.connections or self.admission.open_connections) and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        for task in self._tasks:
+            task.cancel()
         for connection in list(self.connections):
             connection.close_now("drain timeout")
         await self.origins.close(drain_timeout_s=1.0)
         self.tally.publish()
         if self.access_log is not None:
             self.access_log.close()
+
+    def _drain_one(self, connection: ClientConnection) -> None:
+        connection.drain(random.uniform(0.0, self._websocket_window_s), DRAIN_FIRST_REQUEST_S)
 
     def reopen_logs(self) -> None:
         """SIGUSR1: reopen the access log by name (after logrotate moved it)."""
@@ -262,7 +273,8 @@ class EdgeWorker:
 
     def connection_opened(self, connection: ClientConnection, facts: ClientFacts) -> None:
         self.connections.add(connection)
-        self._no_connections.clear()
+        if self.draining:  # its handshake began before the drain
+            self._drain_one(connection)
         tally, m = self.tally, self.metrics
         if facts.tls_version is not None:
             tally.add(m.connections, "https")
@@ -274,8 +286,6 @@ class EdgeWorker:
 
     def connection_closed(self, connection: ClientConnection) -> None:
         self.connections.discard(connection)
-        if not self.connections:
-            self._no_connections.set()
 
     def wait_for_tunnel(self, waiter: TunnelWait) -> bool:
         return self.origins.wait_for_tunnel(waiter)
