@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 
 from edge.deadlines import Missed, Phase, expired
-from edge.exchange import RequestRecord
+from edge.exchange import Exchange, RequestRecord
 from edge.front_h1_requests import Http1Requests
 from edge.front_h1_responses import Http1Responses
 from edge.http1 import ClientContext, RequestReader
@@ -182,6 +182,13 @@ class Http1Connection(asyncio.Protocol):
             asyncio.get_running_loop().call_later(
                 websocket_close_in_s, requests.exchange.close_websocket, CLOSE_GOING_AWAY
             )
+
+    def websockets(self) -> list[Exchange]:
+        requests = self._requests
+        exchange = requests.exchange
+        if requests.phase is Phase.TUNNEL and exchange is not None and exchange.upgraded:
+            return [exchange]
+        return []
 
     def _close_if_unused(self) -> None:
         requests = self._requests

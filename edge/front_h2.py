@@ -64,7 +64,7 @@ import h2.exceptions
 import h2.settings
 
 from edge.deadlines import Deadlines
-from edge.exchange import RequestRecord
+from edge.exchange import Exchange, RequestRecord
 from edge.front_h2_requests import Http2Requests
 from edge.front_h2_session import H2Session
 from edge.front_h2_stream import RESPONSE_BUFFER
@@ -289,3 +289,10 @@ class Http2Connection(asyncio.Protocol):
     def close_now(self, reason: str) -> None:
         log.debug("closing %s: %s", self.client_ip, reason)
         self._session.close()
+
+    def websockets(self) -> list[Exchange]:
+        return [
+            stream.exchange
+            for stream in self._session.streams.values()
+            if stream.exchange is not None and stream.exchange.upgraded
+        ]

@@ -63,7 +63,13 @@ class OriginSet:
     """One :class:`TunnelPool` per configured origin, and the requests waiting
     for any of them to have a usable connection."""
 
-    def __init__(self, origins: Sequence[OriginConfig], session_config: SessionConfig) -> None:
+    def __init__(
+        self,
+        origins: Sequence[OriginConfig],
+        session_config: SessionConfig,
+        on_goaway: Callable[[TunnelConnection], None] | None = None,
+    ) -> None:
+        """``on_goaway(connection)``: an origin told a tunnel connection to go away."""
         self._configs = {o.name: o for o in origins}
         self._rng = random.Random()
         self._waiters: dict[TunnelWaiter, None] = {}  # insertion-ordered: first come, first served
@@ -87,6 +93,7 @@ class OriginSet:
                 size=dial_config.connections,
                 backoff=Backoff(dial_config.backoff_base_s, dial_config.backoff_cap_s),
                 on_usable=self._tunnel_usable,
+                on_goaway=on_goaway,
             )
 
     def start(self) -> None:

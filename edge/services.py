@@ -15,7 +15,7 @@ from typing import Protocol
 from edge.admission import RequestRate
 from edge.config import HttpConfig, RedirectListenerConfig
 from edge.deadlines import Deadlines
-from edge.exchange import ExchangeServices, RequestRecord
+from edge.exchange import Exchange, ExchangeServices, RequestRecord
 from edge.http1 import HttpLimits
 
 __all__ = ["ClientConnection", "ClientFacts", "EdgeServices"]
@@ -60,6 +60,9 @@ class ClientConnection(Protocol):
         connection with no request yet gets ``first_request_s`` to send one."""
 
     def close_now(self, reason: str) -> None: ...
+
+    def websockets(self) -> list[Exchange]:
+        """The accepted WebSockets this connection carries, not yet finished."""
 
 
 class EdgeServices(ExchangeServices, Protocol):

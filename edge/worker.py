@@ -34,8 +34,10 @@ from edge.metrics import EdgeMetrics
 from edge.origins import OriginSet
 from edge.services import ClientConnection, ClientFacts
 from edge.tls import CertificateStore
+from edge.ws_frames import CLOSE_SERVICE_RESTART
 from geoedge.logs import AccessLog, LogThrottle
 from geoedge.metrics import ProcessMetrics, Tally
+from tunnel.aio.connection import TunnelConnection
 from tunnel.aio.stream import TunnelStream
 
 log = logging.getLogger("geoedge.edge")
@@ -79,7 +81,7 @@ class EdgeWorker:
         #: The Strict-Transport-Security field line of every HTTPS response, if on.
         self.hsts_field = None if hsts is None else f"Strict-Transport-Security: {hsts}".encode()
         self._sockets = sockets
-        self.origins = OriginSet(config.origins, config.tunnel)
+        self.origins = OriginSet(config.origins, config.tunnel, on_goaway=self._tunnel_going_away)
         self.connections: set[ClientConnection] = set()
         self.draining = False
         self._websocket_window_s = 0.0
@@ -217,6 +219,27 @@ class EdgeWorker:
         self.tally.publish()
         if self.access_log is not None:
             self.access_log.close()
+
+    def _tunnel_going_away(self, tunnel: TunnelConnection) -> None:
+        """An origin told ``tunnel`` to go away (it reloads or stops): requests
+        finish on it, new ones take another connection, but a WebSocket would
+        last until the origin's drain deadline cut it. Each WebSocket on it is
+        closed by the edge instead, with 1012 (service restart: reconnect),
+        at a random moment within ``drain_websocket_window_s``, so its client
+        reconnects through another tunnel connection, spread out. Keep that
+        window below the origin's ``drain_timeout_s``."""
+        loop = asyncio.get_running_loop()
+        window = self.config.edge.drain_websocket_window_s
+        closing = 0
+        for connection in self.connections:
+            for exchange in connection.websockets():
+                upstream = exchange.upstream
+                if upstream is not None and upstream.stream.get_extra_info("tunnel") is tunnel:
+                    delay = random.uniform(0.0, window)
+                    loop.call_later(delay, exchange.close_websocket, CLOSE_SERVICE_RESTART)
+                    closing += 1
+        if closing:
+            log.info("closing %d WebSocket(s) of a tunnel going away over %g s", closing, window)
 
     def _drain_one(self, connection: ClientConnection) -> None:
         connection.drain(random.uniform(0.0, self._websocket_window_s), DRAIN_FIRST_REQUEST_S)

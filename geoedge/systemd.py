@@ -111,9 +111,15 @@ class ServiceNotifier:
             address = "\0" + address[1:]
         try:
             if self._sock is None:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                # Non-blocking: a notify socket whose reader is slow (its queue
+                # full) must not stall the supervisor's event loop; the
+                # datagram is dropped instead (the next STATUS= or WATCHDOG=1
+                # follows within seconds).
+                self._sock = socket.socket(
+                    socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
+                )
             self._sock.sendto("\n".join(lines).encode(), address)
-        except OSError as exc:  # systemd gone: nothing to tell
+        except OSError as exc:  # systemd gone or its queue full: nothing to tell
             log.debug("sd_notify to %s failed: %s", self._address, exc)
 
     def status(self, text: str) -> None:
