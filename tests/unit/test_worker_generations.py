@@ -13,7 +13,7 @@ from pathlib import Path
 
 import uvloop
 
-from geoedge.workers import Supervisor, WorkerContext, report_ready
+from geoedge.workers import AdoptedWorker, Supervisor, WorkerContext, report_ready
 from tests.conftest import run_async
 from tests.unit.test_runtime_workers import FAST, lines, serving_worker, started, until
 
@@ -46,7 +46,9 @@ def ready_when(path: Path, marker: Path, *, crash: bool = False):  # type: ignor
     return main
 
 
-async def first_generation(path: Path, *, ignore_term: bool = False) -> tuple[Supervisor, list]:  # type: ignore[type-arg]
+async def first_generation(
+    path: Path, *, ignore_term: bool = False
+) -> tuple[Supervisor, list[AdoptedWorker]]:
     """Two workers under a supervisor that then hands them over (and is dropped)."""
     first = Supervisor(
         serving_worker(path, ignore_term=ignore_term), workers=2, restart_backoff=FAST
