@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from edge.exchange_rules import Fault, Step, on_fault
+from edge.exchange_rules import MAX_RESENDS, Fault, Step, on_fault
 from edge.exchange_upstream import Upstream
 from edge.exchange_wait import TunnelWait, TunnelWaiters
 from edge.exchange_websocket import WebSocketClose, relay
@@ -278,7 +278,17 @@ class Exchange:
         request once on a fresh stream, else answer or cut, and finish."""
         record = self.record
         replayable = record.replay is not None and not record.retried
-        action = on_fault(fault, code=code, answered=record.answered, replayable=replayable)
+        resendable = record.replay is not None and record.resent < MAX_RESENDS
+        action = on_fault(
+            fault,
+            code=code,
+            answered=record.answered,
+            replayable=replayable,
+            resendable=resendable,
+        )
+        if action.step is Step.RESEND:
+            self._resend()
+            return
         if action.step is Step.REPLAY and self._replay():
             return
         self.services.count_error(action.outcome)
@@ -337,6 +347,16 @@ class Exchange:
 
     def _no_tunnel(self) -> None:
         self.fail(Fault.NO_TUNNEL, reason="no tunnel to any origin")
+
+    def _resend(self) -> None:
+        """The origin refused the stream unprocessed (it is going away): the same
+        request on another connection, or after a wait for one (:meth:`start`)."""
+        record = self.record
+        self._drop_stream()
+        record.resent += 1
+        self._head = record.replay  # type: ignore[assignment]
+        self.services.count_error("resent")
+        self.start()
 
     def _replay(self) -> bool:
         """Send the request again on a fresh stream (nothing of it was answered)."""

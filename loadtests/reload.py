@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import ssl
 import statistics
 import sys
@@ -64,13 +65,26 @@ class Tally:
     counts: dict[str, Counter[str]] = field(default_factory=dict)
     latencies: dict[str, list[float]] = field(default_factory=dict)
     errors: dict[str, list[str]] = field(default_factory=dict)
+    #: When each failure happened, seconds since the scenario began.
+    failed_at: dict[str, list[float]] = field(default_factory=dict)
+    began: dict[str, float] = field(default_factory=dict)
+    load: dict[str, str] = field(default_factory=dict)
     phase: str = "warm-up"
+
+    def enter(self, phase: str) -> None:
+        """A scenario begins (the machine's load average is noted: figures
+        taken while others work are noisy)."""
+        self.phase = phase
+        self.began[phase] = time.monotonic()
+        self.load[phase] = Path("/proc/loadavg").read_text().strip()
 
     def count(self, phase: str, what: str) -> None:
         self.counts.setdefault(phase, Counter())[what] += 1
 
     def fail(self, phase: str, what: str, detail: object) -> None:
         self.count(phase, what)
+        offset = time.monotonic() - self.began.get(phase, time.monotonic())
+        self.failed_at.setdefault(phase, []).append(round(offset, 2))
         errors = self.errors.setdefault(phase, [])
         if len(errors) < 10:
             errors.append(f"{what}: {detail!r}")
@@ -211,30 +225,26 @@ async def settle(pid: int, workers: int, timeout_s: float = 60.0) -> list[int]:
         await asyncio.sleep(0.1)
 
 
-async def reload_edge(stack: ReloadStack, scenario: str) -> dict[str, Any]:
+async def reload_edge(stack: ReloadStack, scenario: str, tally: Tally) -> dict[str, Any]:
     before = children(stack.edge_pid)
+    began = time.monotonic() - tally.began.get(tally.phase, time.monotonic())
     code, output, took = await asyncio.to_thread(
         exec_reload, "geoedge-edge.service", stack.venv, stack.edge_config, stack.edge_pid
     )
     return {"scenario": scenario, "exit": code, "output": output, "seconds": round(took, 2),
-            "workers_before": before}  # fmt: skip
+            "began_at_s": round(began, 2), "workers_before": before}  # fmt: skip
 
 
-async def scenarios(stack: ReloadStack, wheels: list[tuple[str, Path]], tally: Tally,
-                    reloads: int) -> dict[str, Any]:  # fmt: skip
-    results: dict[str, Any] = {}
-    (old_version, _), (new_version, new_wheel) = wheels
-    edge_pid = stack.edge_pid
-    await asyncio.sleep(AFTER_S)
-
-    # 1. upgrade in place
-    tally.phase = "upgrade"
+async def upgrade(stack: ReloadStack, tally: Tally, new: tuple[str, Path]) -> dict[str, Any]:
+    """A bumped version installed, then ExecReload=: every worker runs it."""
+    new_version, new_wheel = new
+    tally.enter("upgrade")
     await asyncio.to_thread(stack.venv.install, new_wheel)
-    outcome = await reload_edge(stack, "upgrade")
+    outcome = await reload_edge(stack, "upgrade", tally)
     await asyncio.sleep(WS_WINDOW_S + AFTER_S)
-    after = await settle(edge_pid, 2)
+    after = await settle(stack.edge_pid, 2)
     versions = build_info(await asyncio.to_thread(metrics, stack.ports.edge_admin))
-    outcome |= {
+    return outcome | {
         "installed": stack.venv.version(),
         "workers_after": after,
         "build_info": versions,
@@ -243,27 +253,29 @@ async def scenarios(stack: ReloadStack, wheels: list[tuple[str, Path]], tally: T
         and sorted(versions) == sorted(str(p) for p in after)
         and not set(after) & set(outcome["workers_before"]),
     }
-    results["upgrade"] = outcome
 
-    # 2. a broken config: refused, the workers stay
-    tally.phase = "bad_config"
+
+async def bad_config(stack: ReloadStack, tally: Tally) -> dict[str, Any]:
+    """An unknown key: refused with the key and the file, the workers stay."""
+    tally.enter("bad_config")
     good = stack.edge_config.read_text()
     stack.edge_config.write_text(good.replace("[edge]\n", "[edge]\nworkerz = 3\n", 1))
-    outcome = await reload_edge(stack, "bad_config")
+    outcome = await reload_edge(stack, "bad_config", tally)
     stack.edge_config.write_text(good)
     await asyncio.sleep(AFTER_S)
-    after = children(edge_pid)
-    outcome |= {
+    after = children(stack.edge_pid)
+    return outcome | {
         "workers_after": after,
         "ok": outcome["exit"] != 0
         and "workerz" in outcome["output"]
         and str(stack.edge_config) in outcome["output"]
         and sorted(after) == sorted(outcome["workers_before"]),
     }
-    results["bad_config"] = outcome
 
-    # 3. the origin
-    tally.phase = "origin"
+
+async def origin(stack: ReloadStack, tally: Tally) -> dict[str, Any]:
+    """The origin's ExecReload=: new origin workers, the edges' streams move."""
+    tally.enter("origin")
     origin_pid = stack.origin_pid
     before = children(origin_pid)
     code, output, took = await asyncio.to_thread(
@@ -271,17 +283,21 @@ async def scenarios(stack: ReloadStack, wheels: list[tuple[str, Path]], tally: T
     )
     await asyncio.sleep(AFTER_S)
     after = await settle(origin_pid, 2)
-    results["origin"] = {
+    return {
         "exit": code, "output": output, "seconds": round(took, 2),
         "workers_before": before, "workers_after": after,
         "ok": code == 0 and not set(after) & set(before),
     }  # fmt: skip
 
-    # 4. reloads in a row
-    tally.phase = "reload_x20"
+
+async def reloads_in_a_row(stack: ReloadStack, tally: Tally, reloads: int) -> dict[str, Any]:
+    """Reload after reload; the supervisor's descriptors and memory after each
+    (once the old workers are gone)."""
+    tally.enter("reload_x20")
+    edge_pid = stack.edge_pid
     samples = []
     for n in range(reloads):
-        outcome = await reload_edge(stack, f"reload {n + 1}")
+        outcome = await reload_edge(stack, f"reload {n + 1}", tally)
         workers = await settle(edge_pid, 2)
         samples.append({
             "n": n + 1, "exit": outcome["exit"], "seconds": outcome["seconds"],
@@ -290,7 +306,7 @@ async def scenarios(stack: ReloadStack, wheels: list[tuple[str, Path]], tally: T
     await asyncio.sleep(WS_WINDOW_S)
     fds = [s["fds"] for s in samples]
     rss = [s["rss_kib"] for s in samples]
-    results["reload_x20"] = {
+    return {
         "samples": samples,
         "fds_first_last_max": [fds[0], fds[-1], max(fds)],
         "rss_kib_first_last_max": [rss[0], rss[-1], max(rss)],
@@ -298,7 +314,24 @@ async def scenarios(stack: ReloadStack, wheels: list[tuple[str, Path]], tally: T
         and max(fds) == fds[0]
         and rss[-1] <= rss[0] * 1.10,
     }
-    del old_version
+
+
+SCENARIOS = ("upgrade", "bad_config", "origin", "reload_x20")
+
+
+async def scenarios(
+    stack: ReloadStack, wheels: list[tuple[str, Path]], tally: Tally, args: argparse.Namespace
+) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    await asyncio.sleep(AFTER_S)
+    if "upgrade" in args.only:
+        results["upgrade"] = await upgrade(stack, tally, wheels[1])
+    if "bad_config" in args.only:
+        results["bad_config"] = await bad_config(stack, tally)
+    if "origin" in args.only:
+        results["origin"] = await origin(stack, tally)
+    if "reload_x20" in args.only and args.reloads:
+        results["reload_x20"] = await reloads_in_a_row(stack, tally, args.reloads)
     return results
 
 
@@ -321,7 +354,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 asyncio.create_task(websocket(port, ctx, tally, stop, i)) for i in range(WEBSOCKETS)
             ]
             try:
-                outcomes = await scenarios(stack, wheels, tally, args.reloads)
+                outcomes = await scenarios(stack, wheels, tally, args)
             finally:
                 stop.set()
                 ends = await asyncio.wait_for(asyncio.gather(*sockets), 60)
@@ -337,6 +370,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             }
         finally:
             stack.stop()
+            if args.keep_logs is not None:
+                args.keep_logs.mkdir(parents=True, exist_ok=True)
+                for log in workdir.glob("*.log"):
+                    shutil.copy(log, args.keep_logs / log.name)
         leftovers = [pid for pid in left if Path(f"/proc/{pid}").exists()]
     report: dict[str, Any] = {"versions": [v for v, _ in wheels], "scenarios": {}}
     for phase, counts in tally.counts.items():
@@ -346,6 +383,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "counts": dict(counts),
             "failures": failures,
             "errors": tally.errors.get(phase, []),
+            "failed_at_s": tally.failed_at.get(phase, [])[:50],
+            "loadavg_at_start": tally.load.get(phase),
             "connect_p50_s": round(statistics.median(latencies), 4) if latencies else None,
             "connect_max_s": round(latencies[-1], 3) if latencies else None,
         })  # fmt: skip
@@ -406,6 +445,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtests.reload", description=__doc__)
     parser.add_argument("--reloads", type=int, default=20, help="reloads in a row (scenario 4)")
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--only",
+        type=lambda text: text.split(","),
+        default=list(SCENARIOS),
+        help=f"scenarios to run, comma-separated (default: {','.join(SCENARIOS)})",
+    )
+    parser.add_argument("--keep-logs", type=Path, help="copy the daemons' logs to this directory")
     args = parser.parse_args(argv)
     report = asyncio.run(run(args))
     args.results.parent.mkdir(parents=True, exist_ok=True)
