@@ -25,6 +25,7 @@ from edge.daemon import EdgeDaemon
 from edge.tls import CertificateStore, TlsConfigError
 from geoedge.config import ConfigError, load_config
 from geoedge.daemon_cli import daemon_parser, parse_daemon_args, report, run_check, run_reload
+from geoedge.listening import check_bindable
 from geoedge.logs import configure_logging, logging_choice
 from geoedge.preflight import FileCheck, ListenError, PreflightError, check_files
 from geoedge.reexec import take_inheritance
@@ -83,6 +84,14 @@ def preflight(path: str, *, service_gid: int | None) -> tuple[EdgeConfig, Certif
     return config, certificates
 
 
+def listen_addresses(config: EdgeConfig) -> list[tuple[str, str]]:
+    """Every address the edge listens on, with its setting."""
+    wanted = [("[[listeners]] address", listener.address) for listener in config.listeners]
+    if config.redirect is not None:
+        wanted.append(("[redirect] address", config.redirect.address))
+    return [*wanted, ("[admin] address", config.admin.address)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = daemon_parser(
         PROG,
@@ -117,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _check(path: str, service_gid: int | None) -> int:
     try:
         config, certificates = preflight(path, service_gid=service_gid)
+        check_bindable(listen_addresses(config))  # a reload's check only
     except (ConfigError, PreflightError, TlsConfigError, TunnelTlsError) as exc:
         report(PROG, path, exc)
         return 2

@@ -122,6 +122,7 @@ class EdgeDaemon:
             takeover_timeout_s=READY_TIMEOUT_S,
             inheritance=inheritance,
             describe=self._describe,
+            held=self._held_sockets,
         )
         self._metrics_dir: str | None = None
         #: Clients may be sent here: a reload's older workers serve, or every
@@ -244,6 +245,10 @@ class EdgeDaemon:
             replies=replies,
             requested_at=requested_at,
         )
+
+    def _held_sockets(self) -> list[socket.socket]:
+        admin = self.admin.listening_socket() if self.admin is not None else None
+        return [*self._listening.sockets, *([admin] if admin is not None else [])]
 
     def _parent_fds(self) -> list[int]:
         fd = self.admin.fileno() if self.admin is not None else None

@@ -7,22 +7,35 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from geoedge.preflight import ListenError
+from geoedge.preflight import ListenError, PreflightError
 from geoedge.reexec import Inheritance, InheritedSocket
 from geoedge.systemd import listen_sockets, same_address
 from tunnel.aio.transport import parse_host_port
 
-__all__ = ["LISTEN_BACKLOG", "Listening", "activated_or_bound", "bind_listener", "take_listeners"]
+__all__ = [
+    "HELD_ENV",
+    "LISTEN_BACKLOG",
+    "Listening",
+    "activated_or_bound",
+    "bind_listener",
+    "check_bindable",
+    "held_address",
+    "take_listeners",
+]
 
 log = logging.getLogger("geoedge.listening")
 
 #: The accept queue: what waits while every worker is busy or a restart is under
 #: way. deploy/sysctl raises net.core.somaxconn to at least this.
 LISTEN_BACKLOG = 4096
+#: Set for a reload's config check (geoedge.reload): the addresses the running
+#: supervisor holds already, ``host:port`` separated by commas.
+HELD_ENV = "GEOEDGE_RELOAD_HELD"
 
 
 def bind_listener(host: str, port: int, *, backlog: int = LISTEN_BACKLOG) -> socket.socket:
@@ -155,3 +168,39 @@ def take_listeners(
         for sock, (setting, _) in zip(sockets, wanted, strict=True)
     ]
     return Listening(sockets, origins)
+
+
+def held_address(sock: socket.socket) -> str:
+    """``host:port`` (``[v6]:port``) of a bound socket, as :data:`HELD_ENV` lists them."""
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def check_bindable(wanted: Sequence[tuple[str, str]], env: Mapping[str, str] | None = None) -> None:
+    """In a reload's config check (:data:`HELD_ENV` set; otherwise nothing is
+    done: a plain ``--check`` runs beside the daemon): that every address of
+    ``wanted`` (``(setting, address)``) that the running daemon does not hold
+    can be bound, by binding it and closing it at once. The supervisor
+    re-executes only after this check: a new address in use must stop the
+    reload there, while the old workers serve on, not after the exec.
+    Raises :class:`PreflightError`, one line per address, naming the setting."""
+    held_text = (os.environ if env is None else env).get(HELD_ENV)
+    if held_text is None:
+        return
+    held = [parse_host_port(text) for text in held_text.split(",") if text]
+    problems = []
+    for setting, address in wanted:
+        host, port = parse_host_port(address)
+        if any(_same_place(host, port, h, p) for h, p in held):
+            continue
+        try:
+            bind_listener(host, port).close()
+        except OSError as exc:
+            problems.append(str(ListenError(setting, address, exc)))
+    if problems:
+        raise PreflightError(problems)
+
+
+def _same_place(host: str, port: int, held_host: str, held_port: int) -> bool:
+    wildcard = {"0.0.0.0", "::", ""}
+    return port == held_port and (host == held_host or {host, held_host} <= wildcard)

@@ -7,7 +7,9 @@ The sequence, in the supervisor (:class:`Reloader`):
    waits for the outcome. ``RELOADING=1`` goes to systemd at once.
 2. The check: this process's own command line with ``--check``, in a fresh
    interpreter, so the code on disk now checks the config file now: config,
-   every file it names, the TLS contexts. A bad config is refused here with
+   every file it names, the TLS contexts, and that every address it wants and
+   this process does not hold yet can be bound (nothing may fail after the
+   exec: the old workers would go with the supervisor). A bad config is refused here with
    the check's own lines (one per problem, naming the key and the file); the
    supervisor and its workers go on as they were, ``READY=1`` ends the
    reload, and the client exits 2.
@@ -56,7 +58,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 
 from geoedge.admin import AdminServer
-from geoedge.listening import Listening
+from geoedge.listening import HELD_ENV, Listening, held_address
 from geoedge.reexec import Inheritance, InheritedSocket, reexec
 from geoedge.systemd import ServiceNotifier
 from geoedge.workers import Supervisor
@@ -92,10 +94,15 @@ def check_command(argv: Sequence[str] | None = None) -> list[str]:
     return [sys.executable, *args[1:], "--check"]
 
 
-def run_check(command: Sequence[str], timeout_s: float = CHECK_TIMEOUT_S) -> tuple[bool, list[str]]:
-    """Run the config check; (passed, its message lines)."""
+def run_check(
+    command: Sequence[str], held: Sequence[str] = (), timeout_s: float = CHECK_TIMEOUT_S
+) -> tuple[bool, list[str]]:
+    """Run the config check; (passed, its message lines). ``held``: the
+    addresses this supervisor listens on: the check binds any other the new
+    config wants (:func:`geoedge.listening.check_bindable`)."""
     # The check must not write into the workers' metrics directory.
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    env[HELD_ENV] = ",".join(held)
     try:
         done = subprocess.run(
             list(command),
@@ -130,16 +137,18 @@ class Reloader:
         inheritance: Inheritance | None = None,
         describe: Callable[[], str] = lambda: "",
         on_result: Callable[[str], None] = lambda result: None,
-        check: Callable[[], tuple[bool, list[str]]] | None = None,
+        held: Callable[[], list[socket.socket]] = list,
     ) -> None:
         """``describe()``: what the new generation runs, for the ``ok`` line;
-        ``on_result(result)``: a reload ended (``ok``/``refused``/``failed``)."""
+        ``on_result(result)``: a reload ended (``ok``/``refused``/``failed``);
+        ``held()``: the sockets the daemon listens on (the check may not bind
+        their addresses, and need not)."""
         self._notifier = notifier
         self._handover = handover
         self._takeover_timeout_s = takeover_timeout_s
         self._describe = describe
         self._on_result = on_result
-        self._check = check or (lambda: run_check(check_command()))
+        self._held = held
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -225,7 +234,8 @@ class Reloader:
         return False
 
     async def _check_then_exec(self) -> None:
-        passed, lines = await asyncio.to_thread(self._check)
+        held = [held_address(sock) for sock in self._held()]
+        passed, lines = await asyncio.to_thread(run_check, check_command(), held)
         if not passed:
             reason = "; ".join(lines) or "the config check failed"
             self._finish(REFUSED, f"{reason} (the workers keep serving as they were)")

@@ -19,6 +19,7 @@ import uvloop
 
 from geoedge.config import ConfigError
 from geoedge.daemon_cli import daemon_parser, parse_daemon_args, report, run_check, run_reload
+from geoedge.listening import check_bindable
 from geoedge.logs import configure_logging, logging_choice
 from geoedge.preflight import FileCheck, ListenError, PreflightError, check_files
 from geoedge.reexec import take_inheritance
@@ -101,6 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _check(path: str, service_gid: int | None) -> int:
     try:
         config = preflight(path, service_gid=service_gid)
+        check_bindable(  # a reload's check only
+            [
+                ("[tunnel_listener] address", config.tunnel_listener.address),
+                ("[admin] address", config.admin.address),
+            ]
+        )
     except (ConfigError, PreflightError, TunnelTlsError) as exc:
         report(PROG, path, exc)
         return 2

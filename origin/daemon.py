@@ -133,6 +133,7 @@ class OriginDaemon:
                 inheritance=inheritance,
                 describe=lambda: f"version {running_version()}, new workers listening",
                 on_result=self._reloaded,
+                held=self._held_sockets,
             )
 
     # -- parent ------------------------------------------------------------------------
@@ -309,6 +310,10 @@ class OriginDaemon:
     def _reloaded(self, result: str) -> None:
         if self.control is not None:
             self.control.metrics.reloads.labels("ok" if result == "ok" else "error").inc()
+
+    def _held_sockets(self) -> list[socket.socket]:
+        admin = self.admin.listening_socket() if self.admin is not None else None
+        return [*self._listening.sockets, *([admin] if admin is not None else [])]
 
     def _handover(self, replies: list[int], requested_at: float) -> Inheritance:
         assert self.reloader is not None and self.control is not None

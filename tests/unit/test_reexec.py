@@ -12,6 +12,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from geoedge.listening import HELD_ENV, check_bindable, held_address
+from geoedge.preflight import PreflightError
 from geoedge.reexec import ENV, Inheritance, InheritedSocket, take_inheritance
 from geoedge.workers import AdoptedWorker
 from origin.config import load_origin_config
@@ -147,3 +151,32 @@ def test_drains_and_down_backends_are_carried_across_a_reload(tmp_path: Path) ->
         after.observe_health("web", "127.0.0.1:3002", True, now=6.0)
     assert after.healthy("web", "127.0.0.1:3002")
     after.restore({"drained": "not a list", "down": [["web"], [1, 2]]})  # ignored, not fatal
+
+
+def test_a_reload_check_binds_only_what_the_daemon_does_not_hold() -> None:
+    """The new config's addresses are tried before the exec: the ones the
+    running supervisor holds are skipped, one taken by someone else fails,
+    naming its setting; a plain --check (no HELD_ENV) binds nothing."""
+    held = socket.create_server(("127.0.0.1", 0))
+    taken = socket.create_server(("127.0.0.1", 0))
+    free = socket.create_server(("127.0.0.1", 0))
+    free_address = f"127.0.0.1:{free.getsockname()[1]}"
+    free.close()
+    held_address_text = held_address(held)
+    taken_address = f"127.0.0.1:{taken.getsockname()[1]}"
+    wanted = [
+        ("[[listeners]] address", held_address_text),
+        ("[admin] address", free_address),
+        ("[redirect] address", taken_address),
+    ]
+    try:
+        check_bindable(wanted, env={})  # not a reload: nothing tried
+        with pytest.raises(PreflightError) as caught:
+            check_bindable(wanted, env={HELD_ENV: held_address_text})
+        assert caught.value.problems == [
+            f"[redirect] address {taken_address}: Address already in use"
+        ]
+        check_bindable(wanted[:2], env={HELD_ENV: held_address_text})
+    finally:
+        held.close()
+        taken.close()
