@@ -244,8 +244,9 @@ async def upgrade(stack: ReloadStack, tally: Tally, new: tuple[str, Path]) -> di
     await asyncio.sleep(WS_WINDOW_S + AFTER_S)
     after = await settle(stack.edge_pid, 2)
     versions = build_info(await asyncio.to_thread(metrics, stack.ports.edge_admin))
+    installed = await asyncio.to_thread(stack.venv.version)  # not in the clients' loop
     return outcome | {
-        "installed": stack.venv.version(),
+        "installed": installed,
         "workers_after": after,
         "build_info": versions,
         "ok": outcome["exit"] == 0
