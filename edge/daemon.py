@@ -29,6 +29,7 @@ accepts no client before it is ready.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import signal
 import socket
@@ -149,6 +150,11 @@ class EdgeDaemon:
     async def _run(self) -> None:
         config = self.config
         inherited = self.inheritance
+        if any("h2" in listener.alpn for listener in config.listeners):
+            # Imported here, before any fork, not at a worker's first h2 client:
+            # a worker must run the code its supervisor loaded, even after a
+            # pip install that the next reload has yet to take in.
+            importlib.import_module("edge.front_h2")
         self.sockets, self._listening = bind_sockets(config, inherited)
         supervisor = self.supervisor = Supervisor(
             self._worker_main,
