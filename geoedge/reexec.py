@@ -17,7 +17,7 @@ do, and named in one environment variable, :data:`ENV`, a JSON object:
   address), ``bound`` (bound by the daemon itself: kept if the new config
   still has its address, else closed), ``admin`` (the admin listener, kept if
   its address did not change) and ``control`` (the reload socket);
-- ``workers``: the live workers (:class:`geoedge.workers.AdoptedWorker`: pid,
+- ``workers``: the live workers (:class:`geoedge.worker_slot.AdoptedWorker`: pid,
   slot, their two pipes' descriptors, whether they drain already);
 - ``replies``: connections of reload clients waiting for the outcome;
 - ``metrics_dir``: the multiprocess metrics directory the old workers write
@@ -43,7 +43,7 @@ from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from geoedge.workers import AdoptedWorker
+from geoedge.worker_slot import AdoptedWorker
 
 __all__ = ["ENV", "Inheritance", "InheritedSocket", "reexec", "take_inheritance"]
 

@@ -74,7 +74,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from geoedge.worker_fds import (
@@ -85,7 +85,9 @@ from geoedge.worker_fds import (
     release_fds,
     reset_after_fork,
 )
+from geoedge.worker_generations import OlderWorkers
 from geoedge.worker_pipes import ControlWriter, ReportReader, listen_control, report_ready
+from geoedge.worker_slot import AdoptedWorker, WorkerSlot
 from tunnel.policy import Backoff
 
 __all__ = [
@@ -127,35 +129,6 @@ class WorkerContext:
     or a sibling while this one restarts): get ready before accepting any."""
 
 
-@dataclass(frozen=True, slots=True)
-class AdoptedWorker:
-    """A worker forked by the supervisor before it re-executed itself: the same
-    process (its parent is still this pid), with its pipes' descriptors."""
-
-    pid: int
-    index: int
-    control_fd: int
-    report_fd: int
-    retiring: bool
-    """Already told to drain (by a takeover before the re-exec)."""
-    kill_at: float = 0.0
-    """When a retiring one is killed (``CLOCK_MONOTONIC`` seconds, which an exec keeps)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> AdoptedWorker:
-        return cls(
-            pid=int(data["pid"]),
-            index=int(data["index"]),
-            control_fd=int(data["control_fd"]),
-            report_fd=int(data["report_fd"]),
-            retiring=bool(data["retiring"]),
-            kill_at=float(data.get("kill_at", 0.0)),
-        )
-
-
 WorkerMain = Callable[[WorkerContext], int]
 
 
@@ -174,29 +147,6 @@ class SupervisorStatistics:
     """An older generation still serving (until every current worker is ready)."""
     retiring: tuple[int, ...] = ()
     """Older workers draining."""
-
-
-@dataclass(slots=True, eq=False)
-class _Slot:
-    index: int
-    pid: int = 0
-    pidfd: int = -1
-    control: ControlWriter | None = None
-    report: ReportReader | None = None
-    started_at: float = 0.0
-    attempt: int = 0
-    restart: asyncio.TimerHandle | None = None
-    ready: bool = False
-    retiring: bool = False
-    kill_at: float = 0.0
-    kill: asyncio.TimerHandle | None = None
-
-    def fds(self) -> list[int]:
-        fds = [self.pidfd] if self.pidfd >= 0 else []
-        for pipe in (self.control, self.report):
-            if pipe is not None and pipe.fd >= 0:
-                fds.append(pipe.fd)
-        return fds
 
 
 class Supervisor:
@@ -235,9 +185,9 @@ class Supervisor:
         self._on_generation_ready = on_generation_ready
         self._adopted = tuple(adopted)
         self._rng = rng or random.Random()
-        self._slots = [_Slot(i) for i in range(self.target)]
-        #: Older generations: serving until a takeover, then retiring.
-        self._older: list[_Slot] = []
+        self._slots = [WorkerSlot(i) for i in range(self.target)]
+        #: An older generation (a reload): made by run(), which has the loop.
+        self._older: OlderWorkers | None = None
         self._restarts = 0
         self._stopping = False
         self._generation_ready = False
@@ -259,14 +209,18 @@ class Supervisor:
         loop.add_signal_handler(signal.SIGHUP, self._on_hup)
         loop.add_signal_handler(signal.SIGUSR1, self._forward, signal.SIGUSR1)
         loop.add_signal_handler(signal.SIGUSR2, self._forward, signal.SIGUSR2)
+        older = self._older = OlderWorkers(
+            loop, stop_timeout_s=self._stop_timeout_s, on_exit=self._reap
+        )
         for adopted in self._adopted:
-            self._adopt(adopted)
+            older.adopt(adopted)
         self._inherited_fds = open_fds()
         try:
             for slot in self._slots:
                 if not self._stopping:
                     self._spawn(slot)
             if self._stopping:
+                older.stop()
                 self._check_done()
             await self._done
         finally:
@@ -274,9 +228,7 @@ class Supervisor:
                 loop.remove_signal_handler(sig)
             if self._kill_timer is not None:
                 self._kill_timer.cancel()
-            for slot in self._older:
-                if slot.kill is not None:
-                    slot.kill.cancel()
+            older.close()
 
     def stop(self) -> None:
         """Stop restarting, SIGTERM every worker, SIGKILL them after
@@ -284,17 +236,16 @@ class Supervisor:
         if self._stopping:
             return
         self._stopping = True
-        log.info("stopping %d worker(s)", self.running + len(self._older))
+        log.info("stopping %d worker(s)", self.running + len(self._older_slots))
         if self._on_stopping is not None:
             self._on_stopping()  # e.g. STOPPING=1 to systemd, before the drain
         for slot in self._slots:
             if slot.restart is not None:
                 slot.restart.cancel()
                 slot.restart = None
-            self._signal(slot, signal.SIGTERM)
-        for slot in self._older:
-            if not slot.retiring:
-                self._signal(slot, signal.SIGTERM)
+            slot.signal(signal.SIGTERM)
+        if self._older is not None:
+            self._older.stop()
         if self._loop is not None:
             self._kill_timer = self._loop.call_later(self._stop_timeout_s, self._kill_all)
             self._check_done()
@@ -303,34 +254,21 @@ class Supervisor:
         """Send ``message`` (JSON-serializable) to every running worker, older
         generations included (an origin's pool change reaches streams they hold)."""
         line = (json.dumps(message, separators=(",", ":")) + "\n").encode()
-        for slot in [*self._slots, *self._older]:
+        for slot in self._all_slots:
             if slot.control is not None and not slot.control.send(line):
                 log.error(
                     "worker %d (pid %d) is not reading its control pipe", slot.index, slot.pid
                 )
-                self._signal(slot, signal.SIGKILL)
+                slot.signal(signal.SIGKILL)
 
     def handover(self) -> list[AdoptedWorker]:
         """Every live worker, for the supervisor this process is about to
         become (an exec): their pipes are made inheritable, and nothing here
         touches them from now on (the loop stops watching them)."""
-        adopted = []
-        for slot in [*self._older, *self._slots]:
-            if not slot.pid:
-                continue
-            control = slot.control.fd if slot.control is not None else -1
-            report = slot.report.fd if slot.report is not None else -1
-            for fd in (control, report):
-                if fd >= 0:
-                    os.set_inheritable(fd, True)
-            if self._loop is not None and slot.pidfd >= 0:
-                self._loop.remove_reader(slot.pidfd)
-            if self._loop is not None and report >= 0:
-                self._loop.remove_reader(report)
-            adopted.append(
-                AdoptedWorker(slot.pid, slot.index, control, report, slot.retiring, slot.kill_at)
-            )
-        return adopted
+        assert self._loop is not None
+        return [
+            slot.handed_over(self._loop) for slot in [*self._older_slots, *self._slots] if slot.pid
+        ]
 
     @property
     def running(self) -> int:
@@ -346,6 +284,7 @@ class Supervisor:
         return self._generation_ready
 
     def statistics(self) -> SupervisorStatistics:
+        older = self._older
         return SupervisorStatistics(
             target=self.target,
             running=self.running,
@@ -353,19 +292,27 @@ class Supervisor:
             stopping=self._stopping,
             pids=tuple(slot.pid for slot in self._slots if slot.pid),
             ready=sum(1 for slot in self._slots if slot.pid and slot.ready),
-            previous=tuple(s.pid for s in self._older if s.pid and not s.retiring),
-            retiring=tuple(s.pid for s in self._older if s.pid and s.retiring),
+            previous=tuple(older.serving) if older is not None else (),
+            retiring=tuple(older.retiring) if older is not None else (),
         )
+
+    @property
+    def _older_slots(self) -> list[WorkerSlot]:
+        return self._older.slots if self._older is not None else []
+
+    @property
+    def _all_slots(self) -> list[WorkerSlot]:
+        return [*self._slots, *self._older_slots]
 
     # -- forking -----------------------------------------------------------------------
 
-    def _serving_elsewhere(self, slot: _Slot) -> bool:
+    def _serving_elsewhere(self, slot: WorkerSlot) -> bool:
         """Whether a worker other than ``slot``'s serves clients now."""
-        return any(s.pid and not s.retiring for s in self._older) or any(
+        return bool(self._older is not None and self._older.serving) or any(
             s is not slot and s.pid and s.ready for s in self._slots
         )
 
-    def _spawn(self, slot: _Slot) -> None:
+    def _spawn(self, slot: WorkerSlot) -> None:
         assert self._loop is not None
         slot.restart = None
         if self._stopping:
@@ -408,7 +355,7 @@ class Supervisor:
         try:
             own = {control_fd, report_fd}
             inherited = [fd for fd in self._parent_fds() if fd not in own]
-            for slot in [*self._slots, *self._older]:
+            for slot in self._all_slots:
                 inherited.extend(slot.fds())
             reset_after_fork(inherited)
             if self._inherited_fds is not None and (now := open_fds()) is not None:
@@ -425,36 +372,9 @@ class Supervisor:
             sys.stderr.flush()
             os._exit(code)
 
-    def _adopt(self, adopted: AdoptedWorker) -> None:
-        """Watch a worker of the supervisor before the re-exec (still our child)."""
-        assert self._loop is not None
-        slot = _Slot(adopted.index, pid=adopted.pid, ready=True, retiring=adopted.retiring)
-        try:
-            slot.pidfd = os.pidfd_open(adopted.pid)
-        except ProcessLookupError:  # cannot be while it is our unreaped child
-            log.error("adopted worker pid %d is gone", adopted.pid)
-            return
-        for fd in (adopted.control_fd, adopted.report_fd):
-            if fd >= 0:
-                os.set_inheritable(fd, False)
-        if adopted.control_fd >= 0:
-            slot.control = ControlWriter(self._loop, adopted.control_fd)
-        if adopted.report_fd >= 0:
-            slot.report = ReportReader(self._loop, adopted.report_fd, lambda m: None)
-        slot.started_at = time.monotonic()
-        self._older.append(slot)
-        self._loop.add_reader(slot.pidfd, self._reap, slot)
-        if slot.retiring:
-            self._arm_kill(slot, adopted.kill_at)
-        log.info(
-            "worker pid %d of the previous supervisor %s",
-            adopted.pid,
-            "drains" if slot.retiring else "serves until the new workers are ready",
-        )
-
     # -- readiness and takeover ---------------------------------------------------------
 
-    def _reported(self, slot: _Slot, pid: int, message: Mapping[str, Any]) -> None:
+    def _reported(self, slot: WorkerSlot, pid: int, message: Mapping[str, Any]) -> None:
         if message.get("op") != "ready" or slot.pid != pid or slot.ready:
             return
         slot.ready = True
@@ -467,34 +387,14 @@ class Supervisor:
         if not all(slot.pid and slot.ready for slot in self._slots):
             return
         self._generation_ready = True
-        self._retire_older()
+        if self._older is not None:
+            self._older.retire()
         if self._on_generation_ready is not None:
             self._on_generation_ready()
 
-    def _retire_older(self) -> None:
-        """The current generation serves: the older one stops accepting and drains."""
-        assert self._loop is not None
-        for slot in self._older:
-            if slot.pid and not slot.retiring:
-                slot.retiring = True
-                log.info("retiring worker pid %d of the previous generation", slot.pid)
-                self._signal(slot, signal.SIGTERM)
-                self._arm_kill(slot, time.monotonic() + self._stop_timeout_s)
-
-    def _arm_kill(self, slot: _Slot, at: float) -> None:
-        assert self._loop is not None
-        slot.kill_at = at
-        delay = max(0.0, at - time.monotonic())
-        slot.kill = self._loop.call_later(delay, self._kill_one, slot)
-
-    def _kill_one(self, slot: _Slot) -> None:
-        if slot.pid:
-            log.warning("worker pid %d did not stop in time: killing", slot.pid)
-            self._signal(slot, signal.SIGKILL)
-
     # -- reaping and restarting ------------------------------------------------------------
 
-    def _reap(self, slot: _Slot) -> None:
+    def _reap(self, slot: WorkerSlot) -> None:
         assert self._loop is not None
         try:
             pid, status = os.waitpid(slot.pid, os.WNOHANG)
@@ -502,27 +402,19 @@ class Supervisor:
             pid, status = slot.pid, 0
         if pid == 0:
             return
-        self._loop.remove_reader(slot.pidfd)
-        os.close(slot.pidfd)
-        slot.pidfd = -1
-        for pipe in (slot.control, slot.report):
-            if pipe is not None:
-                pipe.close()
-        slot.control = slot.report = None
         code = os.waitstatus_to_exitcode(status)
         dead_pid, slot.pid = slot.pid, 0
         lived_s = time.monotonic() - slot.started_at
+        if self._older is not None and slot in self._older.slots:
+            self._older.forget(slot)
+            log.info("worker pid %d of the previous generation exited with %s", dead_pid, code)
+        else:
+            slot.release(self._loop)
         if self._on_worker_exit is not None:
             self._on_worker_exit(dead_pid, code)
-        if slot in self._older:
-            self._older.remove(slot)
-            if slot.kill is not None:
-                slot.kill.cancel()
-            log.info("worker pid %d of the previous generation exited with %s", dead_pid, code)
-            self._check_done()
-            return
-        if self._stopping:
-            log.info("worker %d (pid %d) exited with %s", slot.index, dead_pid, code)
+        if self._stopping or slot not in self._slots:
+            if slot in self._slots:
+                log.info("worker %d (pid %d) exited with %s", slot.index, dead_pid, code)
             self._check_done()
             return
         slot.attempt = slot.attempt + 1 if lived_s < self._stable_after_s else 0
@@ -542,26 +434,19 @@ class Supervisor:
         if (
             self._stopping
             and self.running == 0
-            and not self._older
+            and not self._older_slots
             and self._done
             and not self._done.done()
         ):
             self._done.set_result(None)
 
     def _kill_all(self) -> None:
-        for slot in [*self._slots, *self._older]:
+        for slot in self._all_slots:
             if slot.pid:
                 log.warning(
                     "worker %d (pid %d) did not stop in time: killing", slot.index, slot.pid
                 )
-                self._signal(slot, signal.SIGKILL)
-
-    def _signal(self, slot: _Slot, sig: int) -> None:
-        if slot.pid and slot.pidfd >= 0:
-            try:
-                signal.pidfd_send_signal(slot.pidfd, sig)
-            except ProcessLookupError:
-                pass
+                slot.signal(signal.SIGKILL)
 
     def _on_hup(self) -> None:
         if self._on_reload is not None:
@@ -573,5 +458,5 @@ class Supervisor:
         self._forward(signal.SIGHUP)
 
     def _forward(self, sig: int) -> None:
-        for slot in [*self._slots, *self._older]:
-            self._signal(slot, sig)
+        for slot in self._all_slots:
+            slot.signal(sig)

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,6 +86,20 @@ def metrics(port: int) -> str:
     try:
         conn.request("GET", "/metrics")
         return conn.getresponse().read().decode()
+    finally:
+        conn.close()
+
+
+def admin(port: int, method: str, path: str) -> dict[str, Any]:
+    """One request to an admin listener (a connection of its own: a reload
+    closes the old supervisor's keep-alive connections)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(method, path)
+        response = conn.getresponse()
+        assert response.status == 200, response.status
+        answer: dict[str, Any] = json.loads(response.read())
+        return answer
     finally:
         conn.close()
 
@@ -336,13 +351,10 @@ def test_an_origin_reload_moves_websockets_with_1012_and_keeps_drains(
         assert stack.origin is not None
         origin_pid = stack.origin.pid
         old = children(origin_pid)
-        admin = http.client.HTTPConnection("127.0.0.1", stack.origin_admin_port, timeout=10)
-        admin.request("GET", "/backends")
-        pools = json.loads(admin.getresponse().read())
+        pools = admin(stack.origin_admin_port, "GET", "/backends")
         ((pool, backends),) = pools.items()
         drained = sorted(backends)[0]
-        admin.request("POST", f"/backends/{pool}/{drained}/drain")
-        assert admin.getresponse().status == 200
+        assert admin(stack.origin_admin_port, "POST", f"/backends/{pool}/{drained}/drain")
         sockets = Sockets(stack, 4)
         load = Load(stack)
         wait_for(lambda: load.ok >= 10, "no load got through before the reload")
@@ -350,9 +362,7 @@ def test_an_origin_reload_moves_websockets_with_1012_and_keeps_drains(
         sockets.join()
         wait_for(lambda: not children(origin_pid) & old, "the old origin workers never left")
         load.stop()
-        admin.request("GET", "/backends")
-        after = json.loads(admin.getresponse().read())[pool]
-        admin.close()
+        after = admin(stack.origin_admin_port, "GET", "/backends")[pool]
     assert done.returncode == 0, done.stdout + done.stderr
     assert load.failures == [] and load.ok > 10
     assert sockets.failures == [] and sockets.codes == [1012] * 4 and sockets.reconnected == 4
