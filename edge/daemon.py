@@ -47,13 +47,18 @@ from geoedge.listening import Listening, take_listeners
 from geoedge.memory import MemoryKeeper, tune_gc
 from geoedge.metrics import (
     cleanup_multiprocess,
-    enable_multiprocess,
     merged_families,
     process_exited,
 )
 from geoedge.preflight import ListenError
 from geoedge.reexec import Inheritance
-from geoedge.reload import Reloader, handover_record
+from geoedge.reload import (
+    Reloader,
+    handover_record,
+    held_sockets,
+    inherited_admin_and_reload,
+    start_metrics,
+)
 from geoedge.status_window import MetricsWindow
 from geoedge.systemd import ServiceNotifier
 from geoedge.version import running_version
@@ -123,7 +128,7 @@ class EdgeDaemon:
             takeover_timeout_s=READY_TIMEOUT_S,
             inheritance=inheritance,
             describe=self._describe,
-            held=self._held_sockets,
+            held=lambda: held_sockets(self._listening, self.admin),
         )
         self._metrics_dir: str | None = None
         #: Clients may be sent here: a reload's older workers serve, or every
@@ -135,11 +140,7 @@ class EdgeDaemon:
     async def run(self) -> int:
         """Run until stopped (SIGTERM/SIGINT, or :meth:`stop`); the exit status.
         Raises :class:`ListenError` when an address cannot be bound."""
-        inherited = self.inheritance
-        if inherited is not None and inherited.metrics_dir is not None:
-            metrics_dir = enable_multiprocess(inherited.metrics_dir, keep=True)
-        else:
-            metrics_dir = enable_multiprocess()
+        metrics_dir = start_metrics(self.inheritance)
         self._metrics_dir = str(metrics_dir)
         try:
             await self._run()
@@ -173,10 +174,7 @@ class EdgeDaemon:
             status=EdgeStatus(config, MetricsWindow(merged_families), supervisor.statistics),
         )
         try:
-            admin_sock = control_sock = None
-            if inherited is not None:
-                admin_sock = next((s.take() for s in inherited.of_role("admin")), None)
-                control_sock = next((s.take() for s in inherited.of_role("control")), None)
+            admin_sock, control_sock = inherited_admin_and_reload(inherited)
             try:
                 await self.admin.start(admin_sock)
             except OSError as exc:
@@ -251,10 +249,6 @@ class EdgeDaemon:
             replies=replies,
             requested_at=requested_at,
         )
-
-    def _held_sockets(self) -> list[socket.socket]:
-        admin = self.admin.listening_socket() if self.admin is not None else None
-        return [*self._listening.sockets, *([admin] if admin is not None else [])]
 
     def _parent_fds(self) -> list[int]:
         fd = self.admin.fileno() if self.admin is not None else None

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from geoedge.config import ConfigError
 from geoedge.logs import add_logging_options
 from geoedge.preflight import run_as
-from geoedge.reload import request_reload
+from geoedge.reload_socket import request_reload
 from geoedge.version import add_version_option
 
 __all__ = [

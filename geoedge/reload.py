@@ -37,11 +37,8 @@ newer file). systemd 252 (Debian 12) has no ``Type=notify-reload``;
 for the outcome and fail when the reload does: systemd ends the reload job
 when that command exits, with its status.
 
-The reload socket is abstract (``@geoedge/<pid>/reload``: no file to clean
-up, gone with the process) and answers only root and the daemon's own user
-(``SO_PEERCRED``). The protocol: the client sends ``reload\\n``; the
-supervisor sends lines of text, the last one starting with ``ok``,
-``refused`` or ``failed``, then closes.
+The reload socket and its client: :mod:`geoedge.reload_socket`; the check:
+:mod:`geoedge.reload_check`; what crosses the exec: :mod:`geoedge.reexec`.
 """
 
 from __future__ import annotations
@@ -52,73 +49,33 @@ import logging
 import os
 import socket
 import struct
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 
 from geoedge.admin import AdminServer
-from geoedge.listening import HELD_ENV, Listening, held_address
+from geoedge.listening import Listening, held_address
+from geoedge.metrics import enable_multiprocess
 from geoedge.reexec import Inheritance, InheritedSocket, reexec
+from geoedge.reload_check import check_command, run_check
+from geoedge.reload_socket import FAILED, OK, REFUSED, reload_socket_name
 from geoedge.systemd import ServiceNotifier
 from geoedge.workers import Supervisor
 
 __all__ = [
-    "CHECK_TIMEOUT_S",
     "Reloader",
     "handover_record",
-    "reload_socket_name",
-    "request_reload",
+    "held_sockets",
+    "inherited_admin_and_reload",
+    "start_metrics",
 ]
 
 log = logging.getLogger("geoedge.reload")
 
-#: How long the ``--check`` of a reload may take.
-CHECK_TIMEOUT_S = 60.0
 #: How long a client of the reload socket has to send its request.
 REQUEST_TIMEOUT_S = 5.0
 _UCRED = struct.Struct("3i")
-
-#: What a reload ended with: ``ok``, ``refused`` (bad config) or ``failed``.
-OK, REFUSED, FAILED = "ok", "refused", "failed"
-
-
-def reload_socket_name(pid: int) -> str:
-    """The abstract socket address of the supervisor ``pid`` (leading NUL)."""
-    return f"\0geoedge/{pid}/reload"
-
-
-def check_command(argv: Sequence[str] | None = None) -> list[str]:
-    """This process's command line with ``--check``: run by a fresh interpreter."""
-    args = list(sys.orig_argv if argv is None else argv)
-    return [sys.executable, *args[1:], "--check"]
-
-
-def run_check(
-    command: Sequence[str], held: Sequence[str] = (), timeout_s: float = CHECK_TIMEOUT_S
-) -> tuple[bool, list[str]]:
-    """Run the config check; (passed, its message lines). ``held``: the
-    addresses this supervisor listens on: the check binds any other the new
-    config wants (:func:`geoedge.listening.check_bindable`)."""
-    # The check must not write into the workers' metrics directory.
-    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    env[HELD_ENV] = ",".join(held)
-    try:
-        done = subprocess.run(
-            list(command),
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
-    except subprocess.TimeoutExpired:
-        return False, [f"the config check took more than {timeout_s:g} s"]
-    except OSError as exc:
-        return False, [f"cannot run the config check: {exc}"]
-    lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
-    return done.returncode == 0, lines
 
 
 class Reloader:
@@ -344,6 +301,32 @@ class Reloader:
                 client.sendall("".join(f"{line}\n" for line in lines).encode())
 
 
+def start_metrics(inheritance: Inheritance | None) -> Path:
+    """Multiprocess metrics on: the previous image's directory after a reload
+    (its workers still write there), a fresh one at a first start."""
+    if inheritance is not None and inheritance.metrics_dir is not None:
+        return enable_multiprocess(inheritance.metrics_dir, keep=True)
+    return enable_multiprocess()
+
+
+def inherited_admin_and_reload(
+    inheritance: Inheritance | None,
+) -> tuple[socket.socket | None, socket.socket | None]:
+    """The admin listener and the reload socket of the supervisor's previous
+    image (none at a first start)."""
+    if inheritance is None:
+        return None, None
+    admin = next((s.take() for s in inheritance.of_role("admin")), None)
+    control = next((s.take() for s in inheritance.of_role("control")), None)
+    return admin, control
+
+
+def held_sockets(listening: Listening, admin: AdminServer | None) -> list[socket.socket]:
+    """What a daemon listens on (a reload's check need not bind it)."""
+    admin_sock = admin.listening_socket() if admin is not None else None
+    return [*listening.sockets, *([admin_sock] if admin_sock is not None else [])]
+
+
 def handover_record(
     *,
     listening: Listening,
@@ -392,59 +375,3 @@ def _answer(client: socket.socket, result: str, text: str) -> None:
         client.settimeout(2.0)
         client.sendall(f"{result} {text}\n".encode())
     client.close()
-
-
-# --------------------------------------------------------------------------- the client
-
-
-def request_reload(pid: int, *, timeout_s: float, prog: str) -> int:
-    """``--reload PID`` (``ExecReload=``): ask supervisor ``pid`` to reload and
-    wait for the outcome, printing what it says; the exit status: 0 done, 2 the
-    config was refused, 1 anything else (failed, no answer, no such daemon)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    sock.settimeout(timeout_s)
-    try:
-        sock.connect(reload_socket_name(pid))
-    except OSError as exc:
-        print(
-            f"{prog}: cannot reach the reload socket of pid {pid} ({exc.strerror or exc}): "
-            "not a running geoedge supervisor, or one from before in-place reloads "
-            "(restart it once)",
-            file=sys.stderr,
-        )
-        sock.close()
-        return 1
-    deadline = time.monotonic() + timeout_s
-    received = b""
-    last = ""
-    try:
-        sock.sendall(b"reload\n")
-        while True:
-            sock.settimeout(max(0.1, deadline - time.monotonic()))
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            received += chunk
-            *lines, received = received.split(b"\n")
-            for line in lines:
-                last = line.decode(errors="replace")
-                print(f"{prog}: {last}", file=sys.stderr, flush=True)
-    except TimeoutError:
-        print(
-            f"{prog}: no outcome after {timeout_s:g} s (the reload may go on: see the log)",
-            file=sys.stderr,
-        )
-        return 1
-    except OSError as exc:
-        print(f"{prog}: the reload socket failed: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        sock.close()
-    result = last.split(" ", 1)[0]
-    if result == OK:
-        return 0
-    if result == REFUSED:
-        return 2
-    if result != FAILED:
-        print(f"{prog}: the supervisor closed without an outcome", file=sys.stderr)
-    return 1

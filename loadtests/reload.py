@@ -44,9 +44,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from loadtests.edge_stack import children, open_fds, rss_kib
 from loadtests.reload_stack import ReloadStack, Venv, build_wheels, exec_reload
-from loadtests.restart import read_frame, read_response, ws_frame
+from loadtests.restart import read_frame, read_response, ws_frame, ws_handshake
 
 RESULTS = Path(__file__).resolve().parent / "results" / "reload.json"
 CONNECT_EVERY_S = 0.020
@@ -148,12 +150,7 @@ async def websocket(
             reader, writer = await asyncio.open_connection(
                 "127.0.0.1", port, ssl=ctx, server_hostname="localhost"
             )
-            writer.write(
-                f"GET /ws?i={index}.{connection} HTTP/1.1\r\nHost: localhost\r\n"
-                "Upgrade: websocket\r\nConnection: Upgrade\r\n"
-                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                "Sec-WebSocket-Version: 13\r\n\r\n".encode()
-            )
+            writer.write(ws_handshake(f"/ws?i={index}.{connection}"))
             async with asyncio.timeout(CONNECTION_DEADLINE_S):
                 head = await reader.readuntil(b"\r\n\r\n")
                 if not head.startswith(b"HTTP/1.1 101"):
@@ -197,15 +194,12 @@ async def _wait_close(reader: asyncio.StreamReader) -> int:
 
 def build_info(text: str) -> dict[str, str]:
     """pid -> version, from ``geoedge_build_info`` in a /metrics text."""
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("geoedge_build_info{"):
-            labels = dict(
-                part.split("=", 1)
-                for part in line[line.index("{") + 1 : line.index("}")].split(",")
-            )
-            out[labels["pid"].strip('"')] = labels["version"].strip('"')
-    return out
+    return {
+        sample.labels["pid"]: sample.labels["version"]
+        for family in text_string_to_metric_families(text)
+        if family.name == "geoedge_build_info"
+        for sample in family.samples
+    }
 
 
 def metrics(port: int) -> str:

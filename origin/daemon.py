@@ -47,8 +47,6 @@ from pathlib import Path
 from typing import Any
 
 import uvloop
-from aiohttp import web
-from prometheus_client.metrics_core import Metric
 
 from geoedge.admin import AdminServer, HealthReport
 from geoedge.config import ConfigError
@@ -57,23 +55,28 @@ from geoedge.logs import AccessLog
 from geoedge.memory import MemoryKeeper, tune_gc
 from geoedge.metrics import (
     cleanup_multiprocess,
-    enable_multiprocess,
     merged_families,
     process_exited,
 )
 from geoedge.preflight import ListenError
 from geoedge.reexec import Inheritance
-from geoedge.reload import Reloader, handover_record
+from geoedge.reload import (
+    Reloader,
+    handover_record,
+    held_sockets,
+    inherited_admin_and_reload,
+    start_metrics,
+)
 from geoedge.status_window import MetricsWindow
 from geoedge.systemd import ServiceNotifier
 from geoedge.version import running_version
 from geoedge.workers import Supervisor, WorkerContext, listen_control, report_ready
+from origin.admin_routes import backend_routes, current_backends_only
 from origin.admission import TlsAudit
 from origin.config import OriginConfig, load_origin_config
 from origin.control import ControlPlane
 from origin.metrics import ControlMetrics, WorkerMetrics
 from origin.snapshot import PoolSnapshot, encode_snapshots
-from origin.state import UnknownBackend
 from origin.status import OriginStatus
 from origin.worker import OriginWorker
 from tunnel.aio.transport import listener_ssl_context
@@ -133,7 +136,7 @@ class OriginDaemon:
                 inheritance=inheritance,
                 describe=lambda: f"version {running_version()}, new workers listening",
                 on_result=self._reloaded,
-                held=self._held_sockets,
+                held=lambda: held_sockets(self._listening, self.admin),
             )
 
     # -- parent ------------------------------------------------------------------------
@@ -143,11 +146,7 @@ class OriginDaemon:
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
         if not self.in_process:
-            inherited = self.inheritance
-            if inherited is not None and inherited.metrics_dir is not None:
-                self._metrics_dir = enable_multiprocess(inherited.metrics_dir, keep=True)
-            else:
-                self._metrics_dir = enable_multiprocess()
+            self._metrics_dir = start_metrics(self.inheritance)
         try:
             await self._run()
         finally:
@@ -162,7 +161,7 @@ class OriginDaemon:
         context = listener_ssl_context(listener)
         self._ssl = self._audit.install(context) if context is not None else None
         control_metrics = ControlMetrics()
-        self.control = ControlPlane(config, self._publish, metrics=control_metrics)
+        self.control = control = ControlPlane(config, self._publish, metrics=control_metrics)
         registries = [control_metrics.registry]
         if self.in_process:
             worker_metrics = WorkerMetrics()
@@ -195,18 +194,15 @@ class OriginDaemon:
             config.admin.address,
             health=self.health,
             registries=registries,
-            routes=self._routes(),
+            routes=backend_routes(control),
             status=status,
-            keep_metrics=self._current_backends_only,
+            keep_metrics=lambda families: current_backends_only(control, families),
         )
         try:
             await self.control.start()
-            inherited = self.inheritance
-            admin_sock = control_sock = None
-            if inherited is not None:
-                self.control.restore(inherited.state)
-                admin_sock = next((s.take() for s in inherited.of_role("admin")), None)
-                control_sock = next((s.take() for s in inherited.of_role("control")), None)
+            if self.inheritance is not None:
+                self.control.restore(self.inheritance.state)
+            admin_sock, control_sock = inherited_admin_and_reload(self.inheritance)
             try:
                 await self.admin.start(admin_sock)
             except OSError as exc:
@@ -256,25 +252,6 @@ class OriginDaemon:
         )
         return self._listening.sockets[0]
 
-    def _current_backends_only(self, families: list[Metric]) -> list[Metric]:
-        """The series of backends the pools still have: a backend removed by a
-        reload or by DNS disappears from /metrics with it."""
-        assert self.control is not None
-        current = {
-            (pool, address)
-            for pool, backends in self.control.status().items()
-            for address in backends
-        }
-        for family in families:
-            family.samples = [
-                sample
-                for sample in family.samples
-                if "backend" not in sample.labels
-                or "pool" not in sample.labels
-                or (sample.labels["pool"], sample.labels["backend"]) in current
-            ]
-        return [family for family in families if family.samples]
-
     def _service_state(self) -> tuple[bool, bool, str]:
         """(ready, stopping, STATUS=) for systemd."""
         assert self.supervisor is not None and self.control is not None
@@ -310,10 +287,6 @@ class OriginDaemon:
     def _reloaded(self, result: str) -> None:
         if self.control is not None:
             self.control.metrics.reloads.labels("ok" if result == "ok" else "error").inc()
-
-    def _held_sockets(self) -> list[socket.socket]:
-        admin = self.admin.listening_socket() if self.admin is not None else None
-        return [*self._listening.sockets, *([admin] if admin is not None else [])]
 
     def _handover(self, replies: list[int], requested_at: float) -> Inheritance:
         assert self.reloader is not None and self.control is not None
@@ -401,32 +374,6 @@ class OriginDaemon:
         if self.supervisor is not None:
             return self.supervisor.statistics().stopping
         return self.worker is not None and self.worker.statistics().draining
-
-    def _routes(self) -> list[web.RouteDef]:
-        return [
-            web.get("/backends", self._backends),
-            web.post("/backends/{pool}/{address}/drain", self._drain),
-            web.post("/backends/{pool}/{address}/undrain", self._drain),
-        ]
-
-    async def _backends(self, request: web.Request) -> web.Response:
-        assert self.control is not None
-        return web.json_response(self.control.status())
-
-    async def _drain(self, request: web.Request) -> web.Response:
-        assert self.control is not None
-        pool, address = request.match_info["pool"], request.match_info["address"]
-        drained = request.path.endswith("/drain")
-        try:
-            changed = self.control.drain(pool, address, drained)
-        except UnknownBackend as exc:
-            return web.json_response({"error": str(exc.args[0])}, status=404)
-        if request.content_type == "application/x-www-form-urlencoded":
-            # The status page's button (an HTML form): back to the page.
-            raise web.HTTPSeeOther("/status")
-        return web.json_response(
-            {"pool": pool, "backend": address, "drained": drained, "changed": changed}
-        )
 
     def _worker_counts(self) -> tuple[int, int, bool]:
         """(running, wanted, draining), for the status page."""

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import PkiFiles, scaled
 from tests.edge_env import ROOT, Stack, edge_stack, node_available
@@ -81,40 +82,37 @@ def wait_for(condition: object, what: str, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
-def metrics(port: int) -> str:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", "/metrics")
-        return conn.getresponse().read().decode()
-    finally:
-        conn.close()
-
-
-def admin(port: int, method: str, path: str) -> dict[str, Any]:
+def fetch(port: int, method: str, path: str) -> tuple[int, bytes]:
     """One request to an admin listener (a connection of its own: a reload
     closes the old supervisor's keep-alive connections)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         conn.request(method, path)
         response = conn.getresponse()
-        assert response.status == 200, response.status
-        answer: dict[str, Any] = json.loads(response.read())
-        return answer
+        return response.status, response.read()
     finally:
         conn.close()
 
 
+def metrics(port: int) -> str:
+    return fetch(port, "GET", "/metrics")[1].decode()
+
+
+def admin(port: int, method: str, path: str) -> dict[str, Any]:
+    status, body = fetch(port, method, path)
+    assert status == 200, (status, body)
+    answer: dict[str, Any] = json.loads(body)
+    return answer
+
+
 def build_info(text: str) -> dict[int, str]:
     """pid -> version of ``geoedge_build_info``."""
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("geoedge_build_info{"):
-            labels = dict(
-                part.split("=", 1)
-                for part in line[line.index("{") + 1 : line.index("}")].split(",")
-            )
-            out[int(labels["pid"].strip('"'))] = labels["version"].strip('"')
-    return out
+    return {
+        int(sample.labels["pid"]): sample.labels["version"]
+        for family in text_string_to_metric_families(text)
+        if family.name == "geoedge_build_info"
+        for sample in family.samples
+    }
 
 
 class Load:

@@ -21,6 +21,7 @@ from geoedge.workers import AdoptedWorker
 from origin.config import load_origin_config
 from origin.state import ControlState
 from tests.conftest import scaled
+from tests.unit.test_origin_config import MINIMAL
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,27 +108,22 @@ def test_an_exec_keeps_the_named_descriptors_and_closes_the_rest(tmp_path: Path)
     assert first["stray"] not in second["inodes"]  # not named: closed at the exec
 
 
-MINIMAL = """
-[tunnel_listener]
-address = "127.0.0.1:7443"
-transport = "tcp"
-allowed_peers = ["10.77.0.0/24"]
-[[pools]]
-name = "web"
-default = true
+# The loader's minimal config, with a health check and a second backend.
+TWO_CHECKED = (
+    MINIMAL
+    + """
 [pools.health]
 path = "/health"
 fall = 3
 [[pools.backends]]
-address = "127.0.0.1:3001"
-[[pools.backends]]
 address = "127.0.0.1:3002"
 """
+)
 
 
 def test_drains_and_down_backends_are_carried_across_a_reload(tmp_path: Path) -> None:
     path = tmp_path / "origin.toml"
-    path.write_text(MINIMAL)
+    path.write_text(TWO_CHECKED)
     config = load_origin_config(path)
     before = ControlState(config, now=0.0)
     before.set_drained("web", "127.0.0.1:3001", True)
