@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
 
-.PHONY: venv node tools test lint demo dist bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor wan drill restart-test reload-test apt-base soak clean
+.PHONY: venv node tools test lint demo dist bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor wan drill restart-test reload-test cold-burst apt-base soak clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy), the WAN emulator (iptables, libnetfilter-queue), the
@@ -124,6 +124,11 @@ restart-test: $(STAMPS)/py-load node
 # TLS connection every 20 ms and 50 WebSockets (docs/upgrades.md).
 reload-test: $(STAMPS)/py-load node
 	$(PY) -m loadtests.reload $(RELOAD_ARGS)
+
+# A burst of 20 new connections right after the edge starts or reloads, on
+# make wan's emulated WAN (root): how far above its floor (docs/upgrades.md).
+cold-burst: $(STAMPS)/py-load node
+	$(PY) -m loadtests.cold_burst
 
 # 30 minutes by default; e.g. make soak SOAK_ARGS="--websockets 9000 --cycles 3"
 soak: $(STAMPS)/py-load node
