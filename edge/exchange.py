@@ -46,7 +46,7 @@ from edge.exchange_websocket import WebSocketClose, relay
 from edge.http1 import HttpLimits, RequestHeadReceived, ResponseHeadReceived, ResponseReader
 from edge.http1.events import Headers
 from edge.request_record import RequestRecord
-from edge.ws_frames import CLOSE_GOING_AWAY, FrameTracker
+from edge.ws_frames import CLOSE_GOING_AWAY, CLOSE_SERVICE_RESTART, FrameTracker
 from tunnel.aio.errors import TunnelError
 from tunnel.mux import ErrorCode
 from tunnel.mux.metadata import encode_request_fields
@@ -228,6 +228,23 @@ class Exchange:
         if to_client:
             self.client.response_data(self, to_client)
         self._send_up(closing.until_close(self.ws_up, b"", to_backend=True))  # type: ignore[arg-type]
+
+    def websocket_opened(self) -> None:
+        """The backend accepted the upgrade. If the worker drains already, or the
+        tunnel connection was told to go away before this answer came, the
+        closing of the others has passed this one by, and a deadline would cut
+        it without a Close: it is closed now instead (1001, or 1012 for the
+        origin going away), and its client reconnects."""
+        upstream = self.upstream
+        if self.services.draining:
+            code = CLOSE_GOING_AWAY
+        elif upstream is not None and getattr(
+            upstream.stream.get_extra_info("tunnel"), "goaway_received", False
+        ):
+            code = CLOSE_SERVICE_RESTART
+        else:
+            return
+        asyncio.get_running_loop().call_soon(self.close_websocket, code)
 
     def cancel(self, outcome: str = "client_closed", reason: str = "") -> None:
         """The client is gone (or the front end gives up): stop, quietly."""
