@@ -37,9 +37,11 @@ from edge.http1 import (
     RequestRejected,
     TunnelBytes,
     https_location,
+    readiness_response,
     redirect_response,
+    text_response,
 )
-from edge.request_record import own_record, user_agent_of
+from edge.request_record import is_readiness_check, own_record, user_agent_of
 from edge.services import EdgeServices
 from geoedge.logs import LogThrottle
 
@@ -216,10 +218,27 @@ class Http1Requests:
     def _start(self, head: RequestHeadReceived) -> None:
         services = self._services
         self.requests_seen += 1
+        path = head.target.decode("latin-1")
+        method = head.method.decode("latin-1")
+        if is_readiness_check(method, path, services.http.readiness_path):
+            # Before the rate limit and the redirect: health checkers reach
+            # every listener, often from few addresses.
+            ready = services.ready()
+            status, reason = (200, "ready") if ready else (503, "not ready")
+            record = own_record(status, reason, "readiness", head)
+            self.responses.answer_with(
+                record, readiness_response(ready, head_only=method == "HEAD")
+            )
+            return
         if not services.request_rate.allow(self.client_ip, self.client_active_at):
             self.responses.answer_own(own_record(429, "request rate limit", "rejected", head))
             return
-        path = head.target.decode("latin-1")
+        if self._redirect:  # plain HTTP: an ACME HTTP-01 challenge the edge holds?
+            key_authorization = services.acme_http01(head.host, path)
+            if key_authorization is not None:
+                record = own_record(200, "ACME HTTP-01 challenge", "ok", head)
+                self.responses.answer_with(record, text_response(key_authorization))
+                return
         redirect = services.redirect
         if (
             self._redirect
@@ -229,7 +248,7 @@ class Http1Requests:
             self._redirect_to_https(head, path, redirect.https_port)
             return
         record = RequestRecord(
-            method=head.method.decode("latin-1"),
+            method=method,
             path=path,
             host=head.host,
             request_id=head.request_id,

@@ -45,7 +45,7 @@ from typing import Any
 
 from geoedge.worker_slot import AdoptedWorker
 
-__all__ = ["ENV", "Inheritance", "InheritedSocket", "reexec", "take_inheritance"]
+__all__ = ["ENV", "Inheritance", "InheritedSocket", "own_command", "reexec", "take_inheritance"]
 
 ENV = "GEOEDGE_REEXEC"
 
@@ -83,7 +83,7 @@ class Inheritance:
         """Every descriptor the record names."""
         fds = [s.fd for s in self.sockets] + list(self.replies)
         for worker in self.workers:
-            fds += [fd for fd in (worker.control_fd, worker.report_fd) if fd >= 0]
+            fds += [fd for fd in (worker.control_fd, worker.reply_fd) if fd >= 0]
         return fds
 
     def encode(self) -> str:
@@ -129,16 +129,40 @@ def take_inheritance(env: MutableMapping[str, str] | None = None) -> Inheritance
     return inheritance
 
 
+def own_command(orig_argv: Sequence[str] | None = None) -> list[str]:
+    """The command line that started this process, as it must run again to
+    load the code on disk now.
+
+    Started as a script (``/usr/local/bin/geoedge-edge --config ...``: the
+    kernel ran the interpreter of its ``#!`` line), it is the script again, so
+    that the kernel reads the ``#!`` line again: after ``geoedge release
+    activate`` the link leads to another release, whose interpreter and
+    packages are not this process's. Started as ``python -m edge ...``, it is
+    this interpreter with the same arguments."""
+    argv = list(sys.orig_argv if orig_argv is None else orig_argv)
+    if len(argv) > 1 and not argv[1].startswith("-") and _is_script(argv[1]):
+        return argv[1:]
+    return [sys.executable, *argv[1:]]
+
+
+def _is_script(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"#!" and os.access(path, os.X_OK)
+    except OSError:
+        return False
+
+
 def reexec(
     inheritance: Inheritance,
     *,
     argv: Sequence[str] | None = None,
     restore_env: dict[str, str] | None = None,
 ) -> None:
-    """Execute this process's own command line again (the code on disk now),
-    passing ``inheritance``. Returns only if the exec failed (``OSError``
-    raised after the descriptors were made close-on-exec again)."""
-    argv = list(sys.orig_argv if argv is None else argv)
+    """Execute this process's own command (:func:`own_command`) again, the
+    code on disk now, passing ``inheritance``. Returns only if the exec failed
+    (``OSError`` raised after the descriptors were made close-on-exec again)."""
+    argv = own_command() if argv is None else list(argv)
     env = {**os.environ, **(restore_env or {}), ENV: inheritance.encode()}
     fds = inheritance.fds()
     for fd in fds:
@@ -146,7 +170,7 @@ def reexec(
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execve(sys.executable, argv, env)
+        os.execve(argv[0], argv, env)
     except OSError:
         for fd in fds:
             os.set_inheritable(fd, False)

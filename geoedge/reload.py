@@ -49,7 +49,6 @@ import logging
 import os
 import socket
 import struct
-import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
@@ -57,7 +56,7 @@ from pathlib import Path
 from geoedge.admin import AdminServer
 from geoedge.listening import Listening, held_address
 from geoedge.metrics import enable_multiprocess
-from geoedge.reexec import Inheritance, InheritedSocket, reexec
+from geoedge.reexec import Inheritance, InheritedSocket, own_command, reexec
 from geoedge.reload_check import check_command, run_check
 from geoedge.reload_socket import FAILED, OK, REFUSED, reload_socket_name
 from geoedge.systemd import ServiceNotifier
@@ -200,13 +199,13 @@ class Reloader:
         if self._stopping:
             return
         self._send(self._current, "config ok: re-executing")
-        log.info("reload: re-executing %s", " ".join(sys.orig_argv))
+        command = own_command()
+        log.info("reload: re-executing %s", " ".join(command))
         record = self._handover([c.fileno() for c in self._current], self._began)
         try:
-            reexec(record, restore_env=self._notifier.environment)
+            reexec(record, argv=command, restore_env=self._notifier.environment)
         except OSError as exc:
-            log.error("reload failed: cannot execute %s: %s", sys.executable, exc)
-            self._finish(FAILED, f"cannot execute {sys.executable}: {exc}")
+            self._finish(FAILED, f"cannot execute {command[0]}: {exc}")
 
     # -- after the exec ------------------------------------------------------------------------
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Sequence
 
 from geoedge.listening import HELD_ENV
+from geoedge.reexec import own_command
 
 __all__ = ["CHECK_TIMEOUT_S", "check_command", "run_check"]
 
@@ -19,9 +19,9 @@ CHECK_TIMEOUT_S = 60.0
 
 
 def check_command(argv: Sequence[str] | None = None) -> list[str]:
-    """This process's command line with ``--check``: run by a fresh interpreter."""
-    args = list(sys.orig_argv if argv is None else argv)
-    return [sys.executable, *args[1:], "--check"]
+    """This process's command (:func:`geoedge.reexec.own_command`) with
+    ``--check``: run by a fresh interpreter, the one a re-exec would run."""
+    return [*own_command(argv), "--check"]
 
 
 def run_check(

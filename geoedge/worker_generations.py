@@ -18,7 +18,8 @@ import signal
 import time
 from collections.abc import Callable
 
-from geoedge.worker_pipes import ControlWriter, ReportReader
+from geoedge.worker_pipes import ControlWriter
+from geoedge.worker_requests import ReplyReader
 from geoedge.worker_slot import AdoptedWorker, WorkerSlot
 
 __all__ = ["OlderWorkers"]
@@ -50,13 +51,13 @@ class OlderWorkers:
         except ProcessLookupError:  # cannot be while it is our unreaped child
             log.error("adopted worker pid %d is gone", adopted.pid)
             return
-        for fd in (adopted.control_fd, adopted.report_fd):
+        for fd in (adopted.control_fd, adopted.reply_fd):
             if fd >= 0:
                 os.set_inheritable(fd, False)
         if adopted.control_fd >= 0:
             slot.control = ControlWriter(self._loop, adopted.control_fd)
-        if adopted.report_fd >= 0:
-            slot.report = ReportReader(self._loop, adopted.report_fd, lambda message: None)
+        if adopted.reply_fd >= 0:
+            slot.replies = ReplyReader(self._loop, adopted.reply_fd, lambda message: None)
         slot.started_at = time.monotonic()
         self.slots.append(slot)
         self._loop.add_reader(slot.pidfd, self._on_exit, slot)

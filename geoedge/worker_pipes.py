@@ -2,11 +2,16 @@
 
 - The *control pipe*, supervisor to worker: JSON objects, one per line
   (:meth:`ControlWriter.send`, :func:`listen_control`); the origin sends pool
-  snapshots this way. EOF on it tells a worker its supervisor is gone.
-- The *report pipe*, worker to supervisor: JSON lines too; today one message,
-  ``{"op": "ready"}`` (:func:`report_ready`): the worker serves, and for the
-  edge its tunnels are up and warm. The supervisor lets an older generation
-  of workers go only once every new worker said so (a reload, :mod:`geoedge.reload`).
+  snapshots this way. A line with a ``"request_id"`` is a request
+  (:mod:`geoedge.worker_requests`). EOF on it tells a worker its supervisor
+  is gone.
+- The *reply pipe*, worker to supervisor: JSON lines too, read by
+  :class:`geoedge.worker_requests.ReplyReader`: the answers to requests, and
+  the worker's own report ``{"op": "ready"}`` (:func:`report_ready`): it
+  serves, and for the edge its tunnels are up and warm. The supervisor lets
+  an older generation of workers go only once every new worker said so (a
+  reload, :mod:`geoedge.reload`). One writer per worker process writes it
+  (:func:`reply_writer`), so lines never interleave.
 
 Both are plain pipes whose descriptors survive a supervisor's re-exec (their
 numbers travel in the environment), so workers started before a reload stay
@@ -23,11 +28,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from geoedge.worker_requests import RequestHandler, RequestServer
+
 __all__ = [
     "MAX_CONTROL_BACKLOG",
     "ControlWriter",
-    "ReportReader",
     "listen_control",
+    "reply_writer",
     "report_ready",
 ]
 
@@ -36,13 +43,12 @@ log = logging.getLogger("geoedge.workers")
 #: Bytes of control messages kept for a worker that does not read them; past
 #: this the worker is considered stuck and killed (it will be restarted).
 MAX_CONTROL_BACKLOG = 16 * 1024 * 1024
-#: A report line longer than this is not a report: the rest is dropped.
-MAX_REPORT_LINE = 64 * 1024
+#: A worker's report that it serves (on its reply pipe).
 READY = b'{"op":"ready"}\n'
 
 
 class ControlWriter:
-    """Non-blocking writer of a control pipe with a bounded backlog."""
+    """Non-blocking writer of a pipe with a bounded backlog."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
         self._loop = loop
@@ -68,7 +74,7 @@ class ControlWriter:
                 del self._backlog[:written]
         except BlockingIOError:
             pass
-        except OSError:  # the worker is gone; its reaping closes us
+        except OSError:  # the reader is gone; its reaping closes us
             self._backlog.clear()
         if self._backlog and not self._watching:
             self._loop.add_writer(self.fd, self._flush)
@@ -86,72 +92,35 @@ class ControlWriter:
         self.fd = -1
 
 
-class ReportReader:
-    """The supervisor's end of a worker's report pipe: calls ``on_message(dict)``
-    for each line the worker writes. EOF (the worker exited) only stops reading:
-    the supervisor learns of an exit from the worker's pidfd."""
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        fd: int,
-        on_message: Callable[[dict[str, Any]], None],
-    ) -> None:
-        self._loop = loop
-        self.fd = fd
-        self._on_message = on_message
-        self._buffer = bytearray()
-        os.set_blocking(fd, False)
-        loop.add_reader(fd, self._read)
-
-    def _read(self) -> None:
-        try:
-            data = os.read(self.fd, 65536)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._loop.remove_reader(self.fd)
-            return
-        self._buffer += data
-        while (end := self._buffer.find(b"\n")) >= 0:
-            line = bytes(self._buffer[:end])
-            del self._buffer[: end + 1]
-            try:
-                message = json.loads(line)
-            except ValueError:
-                log.error("bad report from a worker: %r", line[:200])
-                continue
-            if isinstance(message, dict):
-                self._on_message(message)
-        if len(self._buffer) > MAX_REPORT_LINE:
-            self._buffer.clear()
-
-    def close(self) -> None:
-        if self.fd < 0:
-            return
-        self._loop.remove_reader(self.fd)
-        os.close(self.fd)
-        self.fd = -1
-
-
 class _Context(Protocol):
     @property
     def control_fd(self) -> int: ...
 
     @property
-    def report_fd(self) -> int: ...
+    def reply_fd(self) -> int: ...
+
+
+#: The reply pipe's writer of this worker process, by descriptor (one writer,
+#: so that an answer and a report never interleave their octets).
+_reply_writers: dict[int, ControlWriter] = {}
+
+
+def reply_writer(context: _Context) -> ControlWriter | None:
+    """In a worker (its event loop running): the one writer of its reply pipe."""
+    if context.reply_fd < 0:
+        return None
+    writer = _reply_writers.get(context.reply_fd)
+    if writer is None:
+        writer = ControlWriter(asyncio.get_running_loop(), context.reply_fd)
+        _reply_writers[context.reply_fd] = writer
+    return writer
 
 
 def report_ready(context: _Context) -> None:
     """In a worker: tell the supervisor this worker serves (once is enough)."""
-    if context.report_fd < 0:
-        return
-    try:
-        os.write(context.report_fd, READY)
-    except OSError as exc:  # the supervisor is gone: the control pipe says so too
-        log.warning("cannot report ready to the supervisor: %s", exc)
+    writer = reply_writer(context)
+    if writer is not None and not writer.send(READY):
+        log.warning("the supervisor does not read its reply pipe: ready not reported")
 
 
 # --------------------------------------------------------------------------- worker side
@@ -161,6 +130,7 @@ def report_ready(context: _Context) -> None:
 class _ControlReader(asyncio.Protocol):
     on_message: Callable[[dict[str, Any]], None]
     on_parent_gone: Callable[[], None]
+    requests: RequestServer | None = None
     buffer: bytearray = field(default_factory=bytearray)
 
     def data_received(self, data: bytes) -> None:
@@ -172,6 +142,9 @@ class _ControlReader(asyncio.Protocol):
                 message = json.loads(line)
             except ValueError:
                 log.error("bad control message from the parent: %r", line[:200])
+                continue
+            if self.requests is not None and "request_id" in message:
+                self.requests.handle(message)
                 continue
             try:
                 self.on_message(message)
@@ -190,12 +163,19 @@ async def listen_control(
     context: _Context,
     on_message: Callable[[dict[str, Any]], None],
     on_parent_gone: Callable[[], None],
+    on_request: RequestHandler | None = None,
 ) -> asyncio.BaseTransport:
     """In a worker: call ``on_message(dict)`` for each message the parent broadcasts,
-    and ``on_parent_gone()`` at EOF (the parent died). Returns the pipe's transport."""
+    and ``on_parent_gone()`` at EOF (the parent died). With ``on_request``, a
+    request of :meth:`Supervisor.request` is answered on the reply pipe with
+    what ``await on_request(dict)`` returns. Returns the pipe's transport."""
     loop = asyncio.get_running_loop()
+    requests = None
+    writer = reply_writer(context)
+    if on_request is not None and writer is not None:
+        requests = RequestServer(on_request, writer.send)
     pipe = os.fdopen(context.control_fd, "rb", buffering=0)
     transport, _ = await loop.connect_read_pipe(
-        lambda: _ControlReader(on_message, on_parent_gone), pipe
+        lambda: _ControlReader(on_message, on_parent_gone, requests), pipe
     )
     return transport

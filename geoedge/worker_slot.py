@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from geoedge.worker_pipes import ControlWriter, ReportReader
+from geoedge.worker_pipes import ControlWriter
+from geoedge.worker_requests import ReplyReader
 
 __all__ = ["AdoptedWorker", "WorkerSlot"]
 
@@ -25,7 +26,7 @@ class AdoptedWorker:
     pid: int
     index: int
     control_fd: int
-    report_fd: int
+    reply_fd: int
     retiring: bool
     """Already told to drain (by a takeover before the re-exec)."""
     kill_at: float = 0.0
@@ -40,7 +41,7 @@ class AdoptedWorker:
             pid=int(data["pid"]),
             index=int(data["index"]),
             control_fd=int(data["control_fd"]),
-            report_fd=int(data["report_fd"]),
+            reply_fd=int(data["reply_fd"]),
             retiring=bool(data["retiring"]),
             kill_at=float(data.get("kill_at", 0.0)),
         )
@@ -55,7 +56,7 @@ class WorkerSlot:
     pid: int = 0
     pidfd: int = -1
     control: ControlWriter | None = None
-    report: ReportReader | None = None
+    replies: ReplyReader | None = None
     started_at: float = 0.0
     attempt: int = 0
     restart: asyncio.TimerHandle | None = None
@@ -67,7 +68,7 @@ class WorkerSlot:
     def fds(self) -> list[int]:
         """The descriptors it holds (a worker forked later closes them)."""
         fds = [self.pidfd] if self.pidfd >= 0 else []
-        for pipe in (self.control, self.report):
+        for pipe in (self.control, self.replies):
             if pipe is not None and pipe.fd >= 0:
                 fds.append(pipe.fd)
         return fds
@@ -86,10 +87,10 @@ class WorkerSlot:
             loop.remove_reader(self.pidfd)
             os.close(self.pidfd)
             self.pidfd = -1
-        for pipe in (self.control, self.report):
+        for pipe in (self.control, self.replies):
             if pipe is not None:
                 pipe.close()
-        self.control = self.report = None
+        self.control = self.replies = None
         if self.kill is not None:
             self.kill.cancel()
             self.kill = None
@@ -98,12 +99,12 @@ class WorkerSlot:
         """What the next image of the supervisor adopts: the pipes made
         inheritable, and nothing here watches them any more."""
         control = self.control.fd if self.control is not None else -1
-        report = self.report.fd if self.report is not None else -1
-        for fd in (control, report):
+        replies = self.replies.fd if self.replies is not None else -1
+        for fd in (control, replies):
             if fd >= 0:
                 os.set_inheritable(fd, True)
         if self.pidfd >= 0:
             loop.remove_reader(self.pidfd)
-        if report >= 0:
-            loop.remove_reader(report)
-        return AdoptedWorker(self.pid, self.index, control, report, self.retiring, self.kill_at)
+        if replies >= 0:
+            loop.remove_reader(replies)
+        return AdoptedWorker(self.pid, self.index, control, replies, self.retiring, self.kill_at)

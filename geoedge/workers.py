@@ -23,7 +23,10 @@ loop of its own for the admin listener and the daemon's control plane, and a
   takes them;
 - keeps two pipes to each worker (:mod:`geoedge.worker_pipes`): the control
   pipe (:meth:`Supervisor.broadcast`, JSON lines; EOF tells a worker its
-  parent is gone) and the report pipe, on which a worker says it is ready.
+  parent is gone) and the reply pipe, on which a worker answers requests
+  (:meth:`Supervisor.request` sends one to every worker and gathers their
+  answers, :mod:`geoedge.worker_requests`; the origin's admin asks its
+  workers to send a tunnel CONTROL message this way) and says it is ready.
 
 Generations (a reload). A supervisor that re-executed itself is given the
 workers of the one before (``adopted``, :class:`AdoptedWorker`): they keep
@@ -86,7 +89,8 @@ from geoedge.worker_fds import (
     reset_after_fork,
 )
 from geoedge.worker_generations import OlderWorkers
-from geoedge.worker_pipes import ControlWriter, ReportReader, listen_control, report_ready
+from geoedge.worker_pipes import ControlWriter, listen_control, report_ready
+from geoedge.worker_requests import PendingRequests, ReplyReader, WorkerAnswer
 from geoedge.worker_slot import AdoptedWorker, WorkerSlot
 from tunnel.policy import Backoff
 
@@ -98,9 +102,16 @@ __all__ = [
     "listen_control",
     "report_ready",
     "resolve_worker_count",
+    "worker_share",
 ]
 
 log = logging.getLogger("geoedge.workers")
+
+
+def worker_share(per_host: int, workers: int) -> int:
+    """A worker's share of a cap the config states per host: rounded up, so
+    every worker gets at least 1 of a positive cap (0, "no cap", stays 0)."""
+    return -(-per_host // workers) if per_host > 0 else per_host
 
 
 def resolve_worker_count(workers: int) -> int:
@@ -122,8 +133,9 @@ class WorkerContext:
     control_fd: int
     """Read end of the control pipe (JSON lines); see :func:`listen_control`."""
     parent_pid: int
-    report_fd: int = -1
-    """Write end of the report pipe; see :func:`report_ready`."""
+    reply_fd: int = -1
+    """Write end of the reply pipe (:mod:`geoedge.worker_requests`,
+    :func:`report_ready`); -1: none."""
     takeover: bool = False
     """Another worker serves clients now (an older generation during a reload,
     or a sibling while this one restarts): get ready before accepting any."""
@@ -195,6 +207,7 @@ class Supervisor:
         self._kill_timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inherited_fds: dict[int, FdIdentity] | None = None
+        self._requests = PendingRequests()
 
     # -- parent API -----------------------------------------------------------------
 
@@ -260,6 +273,22 @@ class Supervisor:
                     "worker %d (pid %d) is not reading its control pipe", slot.index, slot.pid
                 )
                 slot.signal(signal.SIGKILL)
+
+    async def request(self, message: Mapping[str, Any], timeout_s: float) -> list[WorkerAnswer]:
+        """Send ``message`` as a request to every running worker of the current
+        generation and wait up to ``timeout_s`` for their answers: one per
+        worker asked, in slot order (:mod:`geoedge.worker_requests`). Raises
+        ``TooManyRequests`` when too many wait already."""
+        asked = {slot.index: slot.pid for slot in self._slots if slot.control is not None}
+        request_id = self._requests.open(asked)
+        line = (json.dumps({**message, "request_id": request_id}) + "\n").encode()
+        for slot in self._slots:
+            if slot.control is not None and not slot.control.send(line):
+                log.error(
+                    "worker %d (pid %d) is not reading its control pipe", slot.index, slot.pid
+                )
+                slot.signal(signal.SIGKILL)
+        return await self._requests.wait(request_id, timeout_s)
 
     def handover(self) -> list[AdoptedWorker]:
         """Every live worker, for the supervisor this process is about to
@@ -333,34 +362,34 @@ class Supervisor:
             log.error("cannot fork worker %d (%s); retrying in %.2fs", slot.index, exc, delay)
             slot.restart = self._loop.call_later(delay, self._spawn, slot)
             return
-        control_r, control_w, report_r, report_w = pipes
+        control_r, control_w, reply_r, reply_w = pipes
         if pid == 0:  # the child: never returns
             os.close(control_w)
-            os.close(report_r)
-            self._run_child(slot.index, control_r, report_w, takeover)
+            os.close(reply_r)
+            self._run_child(slot.index, control_r, reply_w, takeover)
         os.close(control_r)
-        os.close(report_w)
+        os.close(reply_w)
         slot.pid = pid
         slot.ready = False
         self._generation_ready = False
         slot.started_at = time.monotonic()
         slot.control = ControlWriter(self._loop, control_w)
-        slot.report = ReportReader(self._loop, report_r, lambda m: self._reported(slot, pid, m))
+        slot.replies = ReplyReader(self._loop, reply_r, lambda m: self._from_worker(slot, pid, m))
         slot.pidfd = os.pidfd_open(pid)
         self._loop.add_reader(slot.pidfd, self._reap, slot)
         log.info("worker %d started (pid %d)%s", slot.index, pid, " to take over" * takeover)
 
-    def _run_child(self, index: int, control_fd: int, report_fd: int, takeover: bool) -> None:
+    def _run_child(self, index: int, control_fd: int, reply_fd: int, takeover: bool) -> None:
         code = 1
         try:
-            own = {control_fd, report_fd}
+            own = {control_fd, reply_fd}
             inherited = [fd for fd in self._parent_fds() if fd not in own]
             for slot in self._all_slots:
                 inherited.extend(slot.fds())
             reset_after_fork(inherited)
             if self._inherited_fds is not None and (now := open_fds()) is not None:
                 release_fds(fds_opened_since(self._inherited_fds, now, keep=own))
-            context = WorkerContext(index, control_fd, os.getppid(), report_fd, takeover)
+            context = WorkerContext(index, control_fd, os.getppid(), reply_fd, takeover)
             code = self._worker_main(context)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
@@ -374,8 +403,12 @@ class Supervisor:
 
     # -- readiness and takeover ---------------------------------------------------------
 
-    def _reported(self, slot: WorkerSlot, pid: int, message: Mapping[str, Any]) -> None:
-        if message.get("op") != "ready" or slot.pid != pid or slot.ready:
+    def _from_worker(self, slot: WorkerSlot, pid: int, message: Mapping[str, Any]) -> None:
+        """A line on ``slot``'s reply pipe: an answer, or its ready report."""
+        if message.get("op") != "ready":
+            self._requests.answer(slot.index, pid, message)
+            return
+        if slot.pid != pid or slot.ready:
             return
         slot.ready = True
         log.info("worker %d (pid %d) ready", slot.index, pid)
@@ -404,6 +437,7 @@ class Supervisor:
             return
         code = os.waitstatus_to_exitcode(status)
         dead_pid, slot.pid = slot.pid, 0
+        self._requests.worker_gone(slot.index, dead_pid)
         lived_s = time.monotonic() - slot.started_at
         if self._older is not None and slot in self._older.slots:
             self._older.forget(slot)

@@ -71,6 +71,9 @@ class Tally:
     failed_at: dict[str, list[float]] = field(default_factory=dict)
     began: dict[str, float] = field(default_factory=dict)
     load: dict[str, str] = field(default_factory=dict)
+    #: This client's own event-loop lag above LAG_NOTED_S: (seconds since the
+    #: scenario began, lag). A client starved of CPU times out on its own.
+    lags: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     phase: str = "warm-up"
 
     def enter(self, phase: str) -> None:
@@ -93,6 +96,23 @@ class Tally:
 
 
 OK_KINDS = {"ok", "ws_opened", "ws_reconnected", "ws_closed_1001", "ws_closed_1012"}
+
+
+LAG_NOTED_S = 0.5
+
+
+async def watch_lag(tally: Tally, stop: asyncio.Event) -> None:
+    """How late this process's own timers fire (the machine is shared)."""
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        due = loop.time() + 0.1
+        await asyncio.sleep(0.1)
+        lag = loop.time() - due
+        if lag > LAG_NOTED_S:
+            began = tally.began.get(tally.phase, time.monotonic())
+            tally.lags.setdefault(tally.phase, []).append(
+                (round(time.monotonic() - began, 2), round(lag, 2))
+            )
 
 
 async def one_connection(port: int, ctx: ssl.SSLContext, tally: Tally) -> None:
@@ -345,6 +365,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             tally, stop = Tally(), asyncio.Event()
             port = stack.ports.edge
             load = asyncio.create_task(opener(port, ctx, tally, stop))
+            lag = asyncio.create_task(watch_lag(tally, stop))
             sockets = [
                 asyncio.create_task(websocket(port, ctx, tally, stop, i)) for i in range(WEBSOCKETS)
             ]
@@ -354,6 +375,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 stop.set()
                 ends = await asyncio.wait_for(asyncio.gather(*sockets), 60)
                 await asyncio.wait_for(load, 60)
+                await lag
             edge_pid = stack.edge_pid
             left = children(edge_pid)
             lines = [line for _, lines in stack.notifications for line in lines]
@@ -380,6 +402,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "errors": tally.errors.get(phase, []),
             "failed_at_s": tally.failed_at.get(phase, [])[:50],
             "loadavg_at_start": tally.load.get(phase),
+            "client_loop_lags_s": tally.lags.get(phase, [])[:50],
             "connect_p50_s": round(statistics.median(latencies), 4) if latencies else None,
             "connect_max_s": round(latencies[-1], 3) if latencies else None,
         })  # fmt: skip

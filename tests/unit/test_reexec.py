@@ -16,7 +16,8 @@ import pytest
 
 from geoedge.listening import HELD_ENV, check_bindable, held_address
 from geoedge.preflight import PreflightError
-from geoedge.reexec import ENV, Inheritance, InheritedSocket, take_inheritance
+from geoedge.reexec import ENV, Inheritance, InheritedSocket, own_command, take_inheritance
+from geoedge.reload_check import check_command
 from geoedge.workers import AdoptedWorker
 from origin.config import load_origin_config
 from origin.state import ControlState
@@ -176,3 +177,20 @@ def test_a_reload_check_binds_only_what_the_daemon_does_not_hold() -> None:
     finally:
         held.close()
         taken.close()
+
+
+def test_a_supervisor_started_as_a_script_runs_the_script_again(tmp_path: Path) -> None:
+    """``/usr/local/bin/geoedge-edge`` resolves through a release link: the
+    re-exec must run the script (its #! line read again, the release now
+    current), not this process's interpreter with the script as argument."""
+    script = tmp_path / "geoedge-edge"
+    script.write_text("#!/opt/geoedge/releases/next/venv/bin/python\n")
+    script.chmod(0o755)
+    started = ["/opt/geoedge/releases/old/venv/bin/python", str(script), "--config", "e.toml"]
+    assert own_command(started) == [str(script), "--config", "e.toml"]
+    module = ["python3", "-m", "edge", "--config", "e.toml"]
+    assert own_command(module) == [sys.executable, "-m", "edge", "--config", "e.toml"]
+    not_a_script = tmp_path / "data"
+    not_a_script.write_text("x")
+    assert own_command(["py", str(not_a_script)]) == [sys.executable, str(not_a_script)]
+    assert check_command(started) == [str(script), "--config", "e.toml", "--check"]
