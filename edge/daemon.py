@@ -42,6 +42,7 @@ import signal
 import socket
 
 import uvloop
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -50,6 +51,7 @@ from edge.status import EdgeStatus
 from edge.tls import CertificateStore
 from edge.worker import EdgeWorker
 from geoedge.admin import AdminServer, HealthReport
+from geoedge.cache_purge import PurgeError, parse_purge
 from geoedge.cert_expiry import CertificateWatch, WatchedFile, tunnel_files
 from geoedge.listening import Listening, take_listeners
 from geoedge.memory import MemoryKeeper, tune_gc
@@ -70,7 +72,8 @@ from geoedge.reload import (
 from geoedge.status_window import MetricsWindow
 from geoedge.systemd import ServiceNotifier
 from geoedge.version import running_version
-from geoedge.workers import Supervisor, WorkerContext, report_ready
+from geoedge.worker_requests import TooManyRequests
+from geoedge.workers import Supervisor, WorkerContext, listen_control, report_ready
 
 __all__ = ["READY_TIMEOUT_S", "EdgeDaemon", "Sockets", "bind_sockets"]
 
@@ -105,6 +108,10 @@ def bind_sockets(
         (listener, sock) for (listener, _, _), sock in zip(wanted, listening.sockets, strict=True)
     ]
     return sockets, listening
+
+
+#: How long ``POST /cache/purge`` waits for every worker's answer.
+PURGE_WAIT_S = 5.0
 
 
 class EdgeDaemon:
@@ -185,6 +192,7 @@ class EdgeDaemon:
                 config, MetricsWindow(merged_families), supervisor.statistics, certificates
             ),
             collectors=[certificates],
+            routes=[web.post("/cache/purge", self._purge)],
         )
         try:
             admin_sock, control_sock = inherited_admin_and_reload(inherited)
@@ -303,6 +311,32 @@ class EdgeDaemon:
             "tunnels_up": up,
         }
 
+    async def _purge(self, request: web.Request) -> web.Response:
+        """``POST /cache/purge`` (geoedge.cache_purge): every worker drops what it
+        names and says how many entries it held; a worker that did not answer
+        within ``PURGE_WAIT_S`` is listed with its error."""
+        try:
+            purge = parse_purge(await request.read())
+        except PurgeError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        if not self.config.cache.enabled:
+            return web.json_response({"error": "the cache is off ([cache] enabled)"}, status=409)
+        assert self.supervisor is not None
+        try:
+            answers = await self.supervisor.request(
+                {"op": "cache_purge", "purge": purge.as_json()}, PURGE_WAIT_S
+            )
+        except TooManyRequests as exc:
+            return web.json_response({"error": str(exc)}, status=503)
+        workers = [
+            {"pid": a.pid, "purged": (a.result or {}).get("purged"), "error": a.error}
+            for a in answers
+        ]
+        complete = bool(workers) and all(w["error"] is None for w in workers)
+        return web.json_response(
+            {"purge": purge.as_json(), "complete": complete, "workers": workers}
+        )
+
     def liveness(self) -> HealthReport:
         """Live while a worker runs (or the supervisor is starting them) and every
         listening socket is open: not ready is not dead, so an origin outage or a
@@ -346,8 +380,10 @@ class EdgeDaemon:
             loop.add_signal_handler(sig, stopping.set)
         loop.add_signal_handler(signal.SIGHUP, worker.reload_certificates)
         loop.add_signal_handler(signal.SIGUSR1, worker.reopen_logs)
+        pipe = await listen_control(context, worker.on_control, lambda: None, worker.on_request)
         await stopping.wait()
         ready.cancel()
+        pipe.close()
         await worker.drain()
         memory.close()
         return 0

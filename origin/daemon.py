@@ -78,6 +78,7 @@ from geoedge.status_window import MetricsWindow
 from geoedge.systemd import ServiceNotifier
 from geoedge.version import running_version
 from geoedge.workers import Supervisor, WorkerContext, listen_control, report_ready
+from origin import cache_purge
 from origin.acme_service import AcmeService, encode_for_pipe
 from origin.admin_routes import backend_routes, current_backends_only
 from origin.admission import TlsAudit
@@ -223,6 +224,7 @@ class OriginDaemon:
             routes=[
                 *backend_routes(control),
                 *(self.edge_control.routes() if self.edge_control is not None else ()),
+                *cache_purge.routes(self.broadcast_control),
                 *(self.acme.routes() if self.acme is not None else ()),
             ],
             status=status,
