@@ -46,6 +46,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from edge.acme_status import HeldCertificates
 from edge.config import EdgeConfig, ListenerConfig
 from edge.status import EdgeStatus
 from edge.tls import CertificateStore
@@ -183,13 +184,19 @@ class EdgeDaemon:
             on_generation_ready=self._generation_ready,
             adopted=inherited.workers if inherited is not None else (),
         )
-        certificates = edge_certificates(config)
+        acme = self.certificates.acme
+        held = None if acme is None else HeldCertificates(acme.store.directory)
+        certificates = edge_certificates(config, held)
         self.admin = AdminServer(
             config.admin.address,
             health=self.health,
             liveness=self.liveness,
             status=EdgeStatus(
-                config, MetricsWindow(merged_families), supervisor.statistics, certificates
+                config,
+                MetricsWindow(merged_families),
+                supervisor.statistics,
+                certificates,
+                acme=held,
             ),
             collectors=[certificates],
             routes=[web.post("/cache/purge", self._purge)],
@@ -395,12 +402,13 @@ class EdgeDaemon:
         report_ready(context)
 
 
-def edge_certificates(config: EdgeConfig) -> CertificateWatch:
-    """The certificates users see, the tunnel certificates and the CAs they trust."""
+def edge_certificates(config: EdgeConfig, acme: HeldCertificates | None = None) -> CertificateWatch:
+    """The certificates users see (files, and ACME's), the tunnel certificates
+    and the CAs they trust."""
     files = [WatchedFile("served", c.cert) for c in config.tls.certificates]
     for origin in config.origins:
         files += tunnel_files(origin.tunnel.cert, origin.tunnel.ca)
-    return CertificateWatch(files)
+    return CertificateWatch(files, None if acme is None else acme.expiries)
 
 
 def tunnels_up() -> dict[str, float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from edge.acme_status import HeldCertificates
 from edge.config import EdgeConfig
 from geoedge.cert_expiry import CertificateWatch, certificates_table
 from geoedge.status_page import Cell, Row, StatusPage, Table, cell
@@ -29,6 +30,8 @@ class EdgeStatus:
     window: MetricsWindow
     supervisor: Callable[[], SupervisorStatistics]
     certificates: CertificateWatch | None = None
+    #: The ACME certificates the edge holds ([acme] enabled), for their table.
+    acme: HeldCertificates | None = None
 
     def sample(self) -> None:
         self.window.sample()
@@ -58,7 +61,8 @@ class EdgeStatus:
                 self._errors(),
                 self._workers(),
             ]
-            + ([certificates_table(self.certificates)] if self.certificates else []),
+            + ([certificates_table(self.certificates)] if self.certificates else [])
+            + ([self.acme.table()] if self.acme is not None else []),
         )
 
     def _cache(self) -> Table:

@@ -215,6 +215,7 @@ class OriginDaemon:
             self.control,
             self._worker_counts,
             certificates,
+            acme=self.acme.table if self.acme is not None else None,
         )
         self.admin = AdminServer(
             config.admin.address,
