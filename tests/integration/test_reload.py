@@ -32,7 +32,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import PkiFiles, scaled
 from tests.edge_env import ROOT, Stack, edge_stack, node_available
-from tests.integration.test_edge_lose_nothing import WsReader, tls_connect, ws_frame
+from tests.integration.test_edge_lose_nothing import ws_frame
+from tests.integration.test_edge_websocket_drain import open_websocket
 from tests.integration.test_systemd import NotifySocket
 
 pytestmark = pytest.mark.skipif(not node_available(), reason="run `make node` first")
@@ -177,31 +178,18 @@ class Sockets:
         for _ in range(count):
             assert self._opened.acquire(timeout=scaled(30)), "a WebSocket did not open"
 
-    def _open(self, name: str) -> tuple[ssl.SSLSocket, WsReader]:
-        tls = tls_connect(self.stack.https_port, self.stack.pki, timeout=scaled(60))
-        tls.sendall(
-            f"GET /ws?{name} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-            "Sec-WebSocket-Version: 13\r\n\r\n".encode()
-        )
-        reader = WsReader(tls)
-        assert reader.read_head().startswith(b"HTTP/1.1 101")
-        tls.sendall(ws_frame(0x1, name.encode()))
-        assert reader.read_frame() == (0x1, name.encode())
-        return tls, reader
-
     def _run(self, index: int) -> None:
         try:
-            tls, reader = self._open(f"reload={index}")
+            tls, reader = open_websocket(self.stack, index)
             self._opened.release()
             opcode, payload = reader.read_frame()
             while opcode != 0x8:
                 opcode, payload = reader.read_frame()
             code = int.from_bytes(payload[:2], "big")
-            tls.sendall(ws_frame(0x8, payload[:2]))
-            tls.close()
-            again, _ = self._open(f"again={index}")
-            again.close()
+            tls.sendall(ws_frame(0x8, payload[:2]))  # type: ignore[attr-defined]
+            tls.close()  # type: ignore[attr-defined]
+            again, _ = open_websocket(self.stack, 1000 + index)
+            again.close()  # type: ignore[attr-defined]
             with self._lock:
                 self.codes.append(code)
                 self.reconnected += 1
