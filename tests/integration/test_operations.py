@@ -166,8 +166,9 @@ def test_a_worker_restarted_after_a_reload_serves_the_current_certificate(
     with swappable_certificate(test_pki, tmp_path) as (stack, cert):
         port, ca = stack.https_port, test_pki.ca
         new = replace_certificate(test_pki, tmp_path / "new", cert)
-        stack.edge.send_signal(signal.SIGHUP)
-        wait_for(lambda: served_serial(port, ca, "swap.test") == new, "SIGHUP did not swap")
+        stack.edge.send_signal(signal.SIGHUP)  # a reload: new workers with the new files
+        wait_for(lambda: served_serial(port, ca, "swap.test") == new, "SIGHUP did not swap", 60)
+        wait_for(lambda: len(worker_pids(stack.edge.pid)) == 1, "the old worker stayed", 60)
         [old_worker] = worker_pids(stack.edge.pid)
         os.kill(old_worker, signal.SIGKILL)
         wait_for(
@@ -186,8 +187,10 @@ def test_a_malformed_certificate_on_sighup_is_one_log_line(
         before = served_serial(port, ca, "swap.test")
         good = cert.read_bytes()
         cert.write_text("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
-        stack.edge.send_signal(signal.SIGHUP)
-        wait_for(lambda: str(cert) in stack.log.read_text(), "the bad certificate was not logged")
+        stack.edge.send_signal(signal.SIGHUP)  # refused by the reload's check
+        wait_for(
+            lambda: str(cert) in stack.log.read_text(), "the bad certificate was not logged", 60
+        )
         time.sleep(1)  # any worker that would log it too has done so by now
         log = stack.log.read_text()
         assert len([line for line in log.splitlines() if str(cert) in line]) == 1, log[-2000:]
@@ -196,7 +199,7 @@ def test_a_malformed_certificate_on_sighup_is_one_log_line(
         cert.write_bytes(good)
         new = replace_certificate(test_pki, tmp_path / "new", cert)
         stack.edge.send_signal(signal.SIGHUP)
-        wait_for(lambda: served_serial(port, ca, "swap.test") == new, "the next reload failed")
+        wait_for(lambda: served_serial(port, ca, "swap.test") == new, "the next reload failed", 60)
 
 
 # -- --check and start-up -----------------------------------------------------------------

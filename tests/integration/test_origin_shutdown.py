@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from geoedge.config_render import config_to_toml
-from tests.conftest import PkiFiles, run_async
+from tests.conftest import PkiFiles, run_async, scaled
 from tests.integration.origin_harness import (
     http_get,
     needs_node,
@@ -123,9 +123,13 @@ def test_drain_deadline_resets_what_is_left(test_pki: PkiFiles, tmp_path: Path) 
     assert code == 0
 
 
-def test_sighup_reloads_pools_and_keeps_them_on_a_bad_file(
+def test_sighup_reloads_the_pools_in_new_workers_and_keeps_them_on_a_bad_file(
     test_pki: PkiFiles, tmp_path: Path
 ) -> None:
+    """SIGHUP replaces the workers (geoedge.reload): the old ones send GOAWAY
+    once the new ones listen, a stream in flight finishes on its old worker,
+    new connections see the new pools. A bad file is refused: nothing changes,
+    no connection is told to go away, and the log names the key."""
     with node_backends(tmp_path, 2) as nodes:
         first, second = nodes
         config = origin_config(test_pki, [pool([first.address])], workers=2)
@@ -140,29 +144,32 @@ def test_sighup_reloads_pools_and_keeps_them_on_a_bad_file(
                 connections = [await connect(dial) for _ in range(3)]  # likely both workers
                 before = set().union(*[await backends_seen(c) for c in connections])
                 in_flight = asyncio.get_running_loop().create_task(
-                    http_get(connections[0], "/slow?ms=800")
+                    http_get(connections[0], f"/slow?ms={SLOW_MS}")
                 )
                 await asyncio.sleep(0.1)
                 origin.config_path.write_text(
                     config_to_toml(with_pools(config, [pool([second.address])]))
                 )
                 origin.signal(signal.SIGHUP)
-                deadline = time.monotonic() + 5
-                while time.monotonic() < deadline:
-                    seen = set().union(*[await backends_seen(c, 3) for c in connections])
-                    if seen == {second.port}:
-                        break
+                deadline = time.monotonic() + scaled(30)
+                while not all(c.goaway_received for c in connections):
+                    assert time.monotonic() < deadline, "the old workers never sent GOAWAY"
                     await asyncio.sleep(0.05)
-                after = set().union(*[await backends_seen(c) for c in connections])
                 slow_status = (await in_flight).status
+                fresh = await connect(dial)
+                after = await backends_seen(fresh)
                 origin.config_path.write_text(
                     origin.config_path.read_text().replace("[[pools]]", "[[poolz]]")
                 )
                 origin.signal(signal.SIGHUP)
-                await asyncio.sleep(0.5)
-                after_bad = set().union(*[await backends_seen(c) for c in connections])
+                deadline = time.monotonic() + scaled(30)
+                while not [r for r in origin.logs() if "reload refused" in str(r.get("msg"))]:
+                    assert time.monotonic() < deadline, "the bad file was never refused"
+                    await asyncio.sleep(0.05)
+                after_bad = await backends_seen(fresh)
                 alive = origin.process.poll() is None  # type: ignore[union-attr]
-                for connection in connections:
+                told_to_go = fresh.goaway_received
+                for connection in [*connections, fresh]:
                     connection.abort()
                 return {
                     "before": before,
@@ -170,15 +177,17 @@ def test_sighup_reloads_pools_and_keeps_them_on_a_bad_file(
                     "slow": slow_status,
                     "after_bad": after_bad,
                     "alive": alive,
+                    "told_to_go": told_to_go,
                 }
 
-            out = run_async(main(), 60)
+            out = run_async(main(), 90)
             logs = origin.logs()
     assert out["before"] == {first.port}
     assert out["after"] == {second.port}
     assert out["slow"] == 200  # the stream in flight across the reload finished
     assert out["after_bad"] == {second.port} and out["alive"] is True
-    rejected = [r for r in logs if "reload rejected" in str(r.get("msg"))]
+    assert out["told_to_go"] is False  # the refused reload replaced no worker
+    rejected = [r for r in logs if "reload refused" in str(r.get("msg"))]
     assert len(rejected) == 1 and "poolz" in rejected[0]["msg"]
 
 

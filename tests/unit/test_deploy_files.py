@@ -283,7 +283,8 @@ def test_units_share_one_layout(unit: Path) -> None:
         assert one(service, "Type") == "notify" and one(service, "NotifyAccess") == "main"
         assert one(service, "WatchdogSec") == "30"
         assert one(service, "Sockets") == unit.name.replace(".service", ".socket")
-        assert one(service, "ExecReload") == "/bin/kill -HUP $MAINPID"
+        binary_config = one(service, "ExecStart")
+        assert one(service, "ExecReload") == f"{binary_config} --reload $MAINPID"
         assert one(service, "User") == one(service, "Group") == "geoedge"
         assert one(service, "LimitNOFILE") == "1048576"
         assert "ExecStartPre" not in service, "the daemon checks its config itself (exit 2)"
