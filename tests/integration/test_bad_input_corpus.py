@@ -116,18 +116,19 @@ def corpus_config(ports: dict[str, int]) -> str:
 [http]
 header_timeout_s = 1.0
 body_timeout_s = 1.0
-response_timeout_s = 2.0
+first_byte_timeout_s = 2.0
+between_bytes_timeout_s = 2.0
 [http.limits]
 max_body_bytes = 10000
 max_headers = 50
-[limits]
+[admission]
 max_connections_per_client_ip = 64
 [redirect]
 address = "127.0.0.1:{ports["redirect"]}"
 pass_through_prefixes = ["/.well-known/acme-challenge/", "/pass/"]
 [[listeners]]
 address = "127.0.0.1:{ports["proxy"]}"
-proxy_protocol = true
+proxy_protocol = "any"  # the corpus sends both versions
 trusted_proxies = ["127.0.0.1/32"]
 """
 

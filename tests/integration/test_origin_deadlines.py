@@ -1,5 +1,5 @@
-"""The origin's per-stream deadlines (pool ``response_timeout_s``,
-``read_timeout_s``, ``long_poll_prefixes``) with real edge and origin processes
+"""The origin's per-stream deadlines (pool ``first_byte_timeout_s``,
+``between_bytes_timeout_s``, ``long_poll_prefixes``) with real edge and origin processes
 and a backend that hangs on purpose: a silent backend becomes the edge's 504
 (or a cut, once its response started), logged at both hops; long polls and
 answers in time are left alone."""
@@ -20,7 +20,11 @@ from origin.worker import stream_deadline
 from tests.conftest import PkiFiles, scaled
 from tests.edge_env import Stack, edge_stack
 
-POOL_EXTRA = 'response_timeout_s = 1.0\nread_timeout_s = 1.0\nlong_poll_prefixes = ["/poll"]\n'
+POOL_EXTRA = """
+first_byte_timeout_s = 1.0
+between_bytes_timeout_s = 1.0
+long_poll_prefixes = ["/poll"]
+"""
 
 
 class HangingBackend:
@@ -159,12 +163,15 @@ def test_long_polls_and_answers_in_time_are_left_alone(stack: Stack) -> None:
 
 def test_which_deadline_applies() -> None:
     pool = PoolSnapshot(
-        "app", response_timeout_s=60, read_timeout_s=30, long_poll_prefixes=("/lp",)
+        "app", first_byte_timeout_s=60, between_bytes_timeout_s=30, long_poll_prefixes=("/lp",)
     )
     assert stream_deadline(pool, 0, 0.0, "/x") == 60  # waiting for the first octet
     assert stream_deadline(pool, 200, 12.5, "/x") == 30  # the response has started
     assert stream_deadline(pool, 101, 12.5, "/ws") == 0  # a WebSocket: the edge's idle timeout
     assert stream_deadline(pool, 0, 0.0, "/lp/events") == 0  # a long poll
     assert stream_deadline(pool, 0, 0.0, None) == 60
-    off = PoolSnapshot("app", response_timeout_s=0, read_timeout_s=0)
+    # The edge marked it a long poll (LONG_POLL): the pool's own list need not say so.
+    assert stream_deadline(pool, 0, 0.0, "/events", long_poll=True) == 0
+    assert stream_deadline(pool, 200, 12.5, "/events", long_poll=True) == 0
+    off = PoolSnapshot("app", first_byte_timeout_s=0, between_bytes_timeout_s=0)
     assert stream_deadline(off, 0, 0.0, "/x") == 0
