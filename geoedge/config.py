@@ -409,9 +409,10 @@ def config_from_mapping(
     loader = _Loader(Path(base_dir) if base_dir is not None else None)
     data, deprecated, twice = apply_renames(data, schema)
     for renamed in deprecated:
-        log.warning("%s: %s", source, ConfigProblem(renamed.where, renamed.message))
+        problem = ConfigProblem(renamed.where, renamed.message, renamed.is_table)
+        log.warning("%s: %s", source, problem)
     for renamed in twice:
-        loader.fail(renamed.where, renamed.message)
+        loader.fail(renamed.where, renamed.message, is_table=renamed.is_table)
     result: T = loader.load_table(data, schema, ())
     if loader.problems:
         raise ConfigError(source, loader.problems)

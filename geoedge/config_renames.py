@@ -44,6 +44,8 @@ class Renamed:
 
     where: KeyPath
     message: str
+    is_table: bool = False
+    """A whole table was renamed (``[limits]``), not one key in it."""
 
 
 def renamed_keys(schema: type) -> dict[str, tuple[str, ...]]:
@@ -112,9 +114,11 @@ def _shown(path: str, beside: list[str]) -> str:
     """How a new key is named in a message: bare in the old key's table, else
     ``[table] key`` as the loader names keys."""
     *tables, key = path.split(".")
+    if not tables:  # every key at the root is a table
+        return f"[{key}]"
     if tables == beside:
         return key
-    return f"[{'.'.join(tables)}] {key}" if tables else key
+    return f"[{'.'.join(tables)}] {key}"
 
 
 def _new_table(data: dict[str, Any], table: dict[str, Any], same: bool, path: list[str]) -> Any:
@@ -150,12 +154,13 @@ def _move_key(
         if any(key in target for target, key in places):
             keys = "key" if len(new) == 1 else "keys"
             message = f"renamed to {shown}: give only the new {keys} (both are set)"
-            errors.append(Renamed((*at, old_key), message))
+            errors.append(Renamed((*at, old_key), message, is_table=not old_tables))
         else:
             for target, key in places:
                 target[key] = _copy_tables(value)
             note = "move it there" if len(new) == 1 else "it sets each of them: give those"
-            deprecated.append(Renamed((*at, old_key), f"deprecated: renamed to {shown} ({note})"))
+            message = f"deprecated: renamed to {shown} ({note})"
+            deprecated.append(Renamed((*at, old_key), message, is_table=not old_tables))
         if not table and at and all(isinstance(part, str) for part in at):
             _drop(data, at)  # a table the move left empty: the old table may be gone
 

@@ -69,11 +69,11 @@ def test_a_key_moved_between_tables(caplog: pytest.LogCaptureFixture) -> None:
 def test_a_whole_table_renamed(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("WARNING", logger="geoedge.config"):
         assert load({"limits": {"most": 3}}).caps == Caps(3)
-    assert warnings(caplog) == ["root.toml: limits: deprecated: renamed to caps (move it there)"]
+    assert warnings(caplog) == ["root.toml: [limits] deprecated: renamed to [caps] (move it there)"]
     with pytest.raises(ConfigError) as caught:
         load({"limits": {"most": 3}, "caps": {"most": 4}})
     assert str(caught.value) == (
-        "root.toml: limits: renamed to caps: give only the new key (both are set)"
+        "root.toml: [limits] renamed to [caps]: give only the new key (both are set)"
     )
 
 

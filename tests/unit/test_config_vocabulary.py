@@ -38,7 +38,7 @@ KEY_RENAMES: list[tuple[str, KeyPath, list[KeyPath], Any, str, str]] = [
     ),
     (
         "edge", ("limits",), [("admission",)], {"max_connections": 77},
-        "limits", "admission",
+        "[limits]", "[admission]",
     ),
     (
         "edge", ("http", "response_timeout_s"),
@@ -119,7 +119,8 @@ def test_an_old_key_loads_with_a_warning_and_both_at_once_is_an_error(
     with caplog.at_level("WARNING", logger="geoedge.config"):
         assert load(role, with_old) == expected
     [warning] = deprecations(caplog)
-    assert warning.startswith(f"{source}: {old_shown}: deprecated: renamed to {new_shown} (")
+    where = old_shown if old_shown.endswith("]") else f"{old_shown}:"  # a table, or a key
+    assert warning.startswith(f"{source}: {where} deprecated: renamed to {new_shown} (")
     # Both at once: an error naming the file, the old key and the new one(s).
     for path in new:
         both = copy.deepcopy(with_old)
@@ -127,7 +128,7 @@ def test_an_old_key_loads_with_a_warning_and_both_at_once_is_an_error(
         with pytest.raises(ConfigError) as caught:
             load(role, both)
         assert str(caught.value).startswith(
-            f"{source}: {old_shown}: renamed to {new_shown}: give only the new key"
+            f"{source}: {where} renamed to {new_shown}: give only the new key"
         )
 
 
