@@ -69,6 +69,7 @@ from geoedge.preflight import ListenError
 from geoedge.status_window import MetricsWindow
 from geoedge.systemd import ServiceNotifier, listen_sockets
 from geoedge.workers import Supervisor, WorkerContext, listen_control
+from origin import cache_purge
 from origin.acme_service import AcmeService, encode_for_pipe
 from origin.admission import TlsAudit
 from origin.config import OriginConfig, load_origin_config
@@ -185,6 +186,7 @@ class OriginDaemon:
             self.control,
             self._worker_counts,
             certificates,
+            acme=self.acme.table if self.acme is not None else None,
         )
         self.admin = AdminServer(
             config.admin.address,
@@ -398,6 +400,7 @@ class OriginDaemon:
             web.post("/backends/{pool}/{address}/drain", self._drain),
             web.post("/backends/{pool}/{address}/undrain", self._drain),
             *(self.edge_control.routes() if self.edge_control is not None else ()),
+            *cache_purge.routes(self.broadcast_control),
             *(self.acme.routes() if self.acme is not None else ()),
         ]
 

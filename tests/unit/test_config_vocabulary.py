@@ -207,10 +207,13 @@ def test_what_the_project_ships_and_writes_uses_no_old_name(
         assert "access_log" not in tomllib.loads(text).get("http", {})
 
 
-def test_docs_name_no_old_key_outside_the_lists_of_renames() -> None:
-    """docs/*.md and the READMEs: an old name only where a rename is told."""
+def test_docs_and_deploy_files_name_no_old_key_outside_the_lists_of_renames() -> None:
+    """docs/*.md, the READMEs and the comments of the deployment files: an old
+    name only where a rename is told."""
     root = DEPLOY.parent
-    pages = [*sorted((root / "docs").glob("*.md")), root / "README.md", DEPLOY / "README.md"]
+    pages = [*sorted((root / "docs").glob("*.md")), root / "README.md"]
+    pages += sorted(DEPLOY.rglob("*.md")) + sorted(DEPLOY.rglob("*.yaml"))
+    pages += sorted(DEPLOY.rglob("*.yml"))
     old_names = ["response_timeout_s", "read_timeout_s", "keepalive_idle_s", "[limits]"]
     old_names += ["proxy_protocol = true", "[http] access_log"]
     told = ("renamed", "formerly")
