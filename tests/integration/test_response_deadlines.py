@@ -19,15 +19,14 @@ from __future__ import annotations
 import json
 import socket
 import ssl
-import threading
 import time
 from collections.abc import Iterator
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from tests.conftest import PkiFiles, scaled
-from tests.edge_env import Stack, edge_stack
+from tests.edge_env import Stack
+from tests.slow_backend import slow_stack
 
 EDGE_HTTP = """
 [http]
@@ -38,74 +37,15 @@ long_poll_prefixes = ["/poll"]
 ORIGIN_POOL = "first_byte_timeout_s = 3.0\n"
 
 
-class SlowBackend:
-    """HTTP/1.1, a thread per connection, one request each. It reads the head and
-    the Content-Length body, sleeps ``?ms=``, then answers ``ok``; ``/hang-body``
-    sends a head and 10 of 100 octets instead, then stays silent."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            conn.settimeout(30)
-            data = b""
-            try:
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        return
-                    data += chunk
-                head, body = data.split(b"\r\n\r\n", 1)
-                length = 0
-                for line in head.split(b"\r\n")[1:]:
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                while len(body) < length:
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        return
-                    body += chunk
-                target = head.split(b" ", 2)[1].decode()
-                ms = int(parse_qs(urlsplit(target).query).get("ms", ["0"])[0])
-                time.sleep(ms / 1000)
-                if target.startswith("/hang-body"):
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
-                    conn.recv(1)  # until the origin gives up on it
-                    return
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 @pytest.fixture(scope="module")
 def stack(test_pki: PkiFiles, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    backend = SlowBackend()
-    try:
-        with edge_stack(
-            test_pki,
-            tmp_path_factory.mktemp("response-deadlines"),
-            backend_port=backend.port,
-            extra_top=EDGE_HTTP,
-            origin_pool_extra=ORIGIN_POOL,
-        ) as s:
-            yield s
-    finally:
-        backend.close()
+    with slow_stack(
+        test_pki,
+        tmp_path_factory.mktemp("response-deadlines"),
+        extra_top=EDGE_HTTP,
+        origin_pool_extra=ORIGIN_POOL,
+    ) as s:
+        yield s
 
 
 def exchange(stack: Stack, head: bytes, body_pieces: tuple[bytes, ...] = ()) -> tuple[bytes, float]:
