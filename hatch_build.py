@@ -1,0 +1,128 @@
+"""Build hook: compile the hot modules with Cython into the wheel (hatchling).
+
+Which modules: ``tunnel.build_mode.COMPILED_MODULES`` (read from that file,
+without importing the package), each compiled from its own ``.py`` in
+Cython's pure-Python mode, typed by the ``.pxd`` beside it; plus the
+libnghttp2 binding (``edge/_nghttp2.pyx``), linked against the system's
+``libnghttp2`` (``libnghttp2-dev``).
+
+- the standard wheel: the extensions are built in a scratch folder and go
+  into the wheel beside their sources, which makes it a platform wheel
+  (``cp311-cp311-linux_x86_64``; ``make dist`` repairs it to a manylinux tag);
+- the editable install (``make venv``): they are built in place, beside their
+  sources in the checkout (ignored by git); ``tunnel.build_mode`` refuses an
+  extension older than its source;
+- ``GEOEDGE_NO_EXTENSIONS=1``, or a build that fails (no C compiler, no
+  Python or libnghttp2 headers): a pure-Python wheel (``py3-none-any``), and
+  one warning line; it runs the same code, slower.
+
+Why a hatchling hook rather than setuptools as the backend: the wheel's layout
+(``deploy/`` shipped as ``geoedge/deploy``, ``dev-mode-dirs``) is hatchling's
+configuration already; setuptools' ``build_ext`` is used here only for what it
+is the ecosystem's tool for, driving the C compiler with the interpreter's
+flags.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
+NO_EXTENSIONS_VARIABLE = "GEOEDGE_NO_EXTENSIONS"
+
+#: Cython's directives for every module: the semantics of the pure-Python
+#: build. Types come from the ``.pxd`` files alone (annotations are for mypy:
+#: a ``float`` annotation would otherwise turn an ``int`` into a C double).
+DIRECTIVES = {
+    "language_level": 3,
+    "annotation_typing": False,
+    "embedsignature": True,
+}
+
+#: The libnghttp2 binding: (module, its .pyx, the libraries it links).
+BINDINGS: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+
+
+def compiled_modules(root: Path) -> tuple[str, ...]:
+    """``COMPILED_MODULES`` as written in ``tunnel/build_mode.py``."""
+    tree = ast.parse((root / "tunnel" / "build_mode.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "COMPILED_MODULES":
+            assert node.value is not None
+            return tuple(ast.literal_eval(node.value))
+    raise RuntimeError("tunnel/build_mode.py names no COMPILED_MODULES")
+
+
+def build_extensions(root: Path, out: Path | None, scratch: Path) -> list[Path]:
+    """Compile every extension; into ``out`` (a tree like the sources'), or
+    beside the sources when ``out`` is None. Returns the files built, relative
+    to their tree."""
+    from Cython.Build import cythonize
+    from setuptools import Distribution, Extension
+    from setuptools.command.build_ext import build_ext
+
+    sources = [
+        Extension(name, [str(Path(*name.split(".")).with_suffix(".py"))])
+        for name in compiled_modules(root)
+    ] + [Extension(name, [pyx], libraries=list(libs)) for name, pyx, libs in BINDINGS]
+    modules = cythonize(
+        sources,
+        compiler_directives=DIRECTIVES,
+        build_dir=str(scratch / "c"),
+        nthreads=os.cpu_count() or 1,
+        quiet=True,
+    )
+    command = build_ext(Distribution({"ext_modules": modules, "script_name": "hatch_build.py"}))
+    command.inplace = out is None
+    command.build_lib = str(out or root)
+    command.build_temp = str(scratch / "temp")
+    command.parallel = os.cpu_count() or 1
+    command.ensure_finalized()
+    command.run()
+    return [Path(command.get_ext_filename(ext.name)) for ext in modules]
+
+
+class CompiledModulesHook(BuildHookInterface):  # type: ignore[type-arg]
+    PLUGIN_NAME = "custom"
+
+    def initialize(self, version: str, build_data: dict[str, Any]) -> None:
+        if self.target_name != "wheel":
+            return
+        if os.environ.get(NO_EXTENSIONS_VARIABLE, "") not in ("", "0"):
+            self.app.display_info(f"{NO_EXTENSIONS_VARIABLE} is set: a pure-Python wheel")
+            return
+        root = Path(self.root)
+        editable = version == "editable"
+        self._scratch = Path(tempfile.mkdtemp(prefix="geoedge-build-"))
+        out = None if editable else self._scratch / "lib"
+        cwd = os.getcwd()
+        os.chdir(root)
+        try:
+            built = build_extensions(root, out, self._scratch)
+        except Exception as exc:  # no compiler, no headers: the pure build is complete too
+            print(
+                f"geoedge: building the compiled modules failed ({type(exc).__name__}: {exc}); "
+                "building pure Python",
+                file=sys.stderr,
+            )
+            return
+        finally:
+            os.chdir(cwd)
+        if editable:
+            return  # beside the sources, which the editable install puts on sys.path
+        build_data["pure_python"] = False
+        build_data["infer_tag"] = True
+        for relative in built:
+            build_data["force_include"][str(out / relative)] = str(relative)
+
+    def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
+        scratch = getattr(self, "_scratch", None)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
