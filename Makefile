@@ -2,7 +2,8 @@
 #   make demo   origin, edge and sample Node.js backends on localhost
 #   make test   ruff + the whole pytest suite
 # and one builds what users install:
-#   make dist   dist/geoedge-<version>.tar.gz and dist/geoedge-<version>-py3-none-any.whl
+#   make dist   dist/geoedge-<version>.tar.gz, the pure wheel (py3-none-any) and the
+#               compiled one (cp311, repaired to a manylinux tag by auditwheel)
 # Every target installs what it needs and is idempotent: stamps record what
 # was installed, and are redone when the file they depend on changes.
 
@@ -21,7 +22,8 @@ STAMPS := $(VENV)/.stamps
 # (systemd-analyze, in systemd), the monitoring kit (promtool, in prometheus) and
 # the status page in a real browser (chromium).
 APT_PACKAGES := haproxy wrk iptables iproute2 libnetfilter-queue-dev gcc python3-dev \
-	systemd wireguard-go wireguard-tools curl nghttp2-client prometheus chromium
+	systemd wireguard-go wireguard-tools curl nghttp2-client prometheus chromium \
+	libnghttp2-dev patchelf
 
 # Redone when this file changes (the package list may have grown); cheap when
 # everything is there already.
@@ -51,11 +53,20 @@ $(STAMPS)/py-test: pyproject.toml $(VENV)/bin/python
 $(STAMPS)/py-load: $(STAMPS)/py-test
 	@touch $@
 
+# The compiled modules (tunnel/build_mode.py, hatch_build.py), built in place
+# beside their sources; again when a source changes (only what changed is
+# compiled: build/cython keeps Cython's output). GEOEDGE_NO_EXTENSIONS=1 skips it.
+COMPILED_SOURCES := $(wildcard tunnel/*/*.py tunnel/*/*.pxd edge/*.py edge/*.pxd edge/*.pyx \
+	edge/*/*.py edge/*/*.pxd origin/*.py origin/*.pxd) tunnel/build_mode.py hatch_build.py
+$(STAMPS)/extensions: $(STAMPS)/py-test $(COMPILED_SOURCES)
+	$(PY) hatch_build.py
+	@touch $@
+
 $(NODE_APP)/node_modules/.stamp: $(NODE_APP)/package.json | $(STAMPS)/apt-base
 	cd $(NODE_APP) && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
-venv: $(STAMPS)/py-test
+venv: $(STAMPS)/py-test $(STAMPS)/extensions
 node: $(NODE_APP)/node_modules/.stamp
 
 # h2spec (HTTP/2 conformance, a Go tool) for the HTTP/2 tests, built with the
@@ -82,11 +93,16 @@ test: venv node lint tools
 demo: venv node
 	$(VENV)/bin/geoedge demo
 
-# An sdist and a wheel (hatchling, pyproject.toml); the wheel carries deploy/ as
-# package data. Built in an isolated environment, as pip would.
+# An sdist, a pure wheel and a compiled one (hatchling and hatch_build.py,
+# pyproject.toml); the wheels carry deploy/ as package data. Built in an
+# isolated environment, as pip would; the compiled wheel's tag is then made a
+# manylinux one by auditwheel (the oldest glibc its symbols allow).
 dist: venv
 	rm -rf dist
 	$(PY) -m build --outdir dist .
+	GEOEDGE_NO_EXTENSIONS=1 $(PY) -m build --wheel --outdir dist .
+	$(VENV)/bin/auditwheel repair --wheel-dir dist dist/geoedge-*-linux_*.whl
+	rm dist/geoedge-*-linux_*.whl
 	@ls -l dist
 
 bench-tunnel: venv

@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import ast
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +61,8 @@ def compiled_modules(root: Path) -> tuple[str, ...]:
 def build_extensions(root: Path, out: Path | None, scratch: Path) -> list[Path]:
     """Compile every extension; into ``out`` (a tree like the sources'), or
     beside the sources when ``out`` is None. Returns the files built, relative
-    to their tree."""
+    to their tree. Cython's C files go to ``scratch``: given the same
+    ``scratch`` again, only what changed is compiled again."""
     from Cython.Build import cythonize
     from setuptools import Distribution, Extension
     from setuptools.command.build_ext import build_ext
@@ -99,13 +98,13 @@ class CompiledModulesHook(BuildHookInterface):  # type: ignore[type-arg]
             self.app.display_info(f"{NO_EXTENSIONS_VARIABLE} is set: a pure-Python wheel")
             return
         root = Path(self.root)
-        editable = version == "editable"
-        self._scratch = Path(tempfile.mkdtemp(prefix="geoedge-build-"))
-        out = None if editable else self._scratch / "lib"
+        # Kept (build/ is ignored by git): a rebuild compiles only what changed.
+        scratch = root / "build" / "cython"
+        out = None if version == "editable" else scratch / "lib"
         cwd = os.getcwd()
         os.chdir(root)
         try:
-            built = build_extensions(root, out, self._scratch)
+            built = build_extensions(root, out, scratch)
         except Exception as exc:  # no compiler, no headers: the pure build is complete too
             print(
                 f"geoedge: building the compiled modules failed ({type(exc).__name__}: {exc}); "
@@ -115,14 +114,27 @@ class CompiledModulesHook(BuildHookInterface):  # type: ignore[type-arg]
             return
         finally:
             os.chdir(cwd)
-        if editable:
+        if out is None:
             return  # beside the sources, which the editable install puts on sys.path
         build_data["pure_python"] = False
         build_data["infer_tag"] = True
         for relative in built:
             build_data["force_include"][str(out / relative)] = str(relative)
 
-    def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
-        scratch = getattr(self, "_scratch", None)
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+
+def main() -> int:
+    """``python hatch_build.py``: build the extensions in place, beside their
+    sources (what ``make venv`` does after the editable install, so that a
+    changed source is compiled again)."""
+    if os.environ.get(NO_EXTENSIONS_VARIABLE, "") not in ("", "0"):
+        print(f"{NO_EXTENSIONS_VARIABLE} is set: nothing compiled")
+        return 0
+    root = Path(__file__).resolve().parent
+    os.chdir(root)
+    built = build_extensions(root, None, root / "build" / "cython")
+    print(f"built {len(built)} extension(s) in place")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -48,6 +48,7 @@ from geoedge.metrics import (
 from geoedge.preflight import ListenError
 from geoedge.status_window import MetricsWindow
 from geoedge.systemd import ServiceNotifier, listen_sockets
+from geoedge.version import version_line
 from geoedge.workers import Supervisor, WorkerContext
 
 __all__ = ["READY_TIMEOUT_S", "EdgeDaemon", "Sockets", "bind_sockets"]
@@ -135,10 +136,11 @@ class EdgeDaemon:
             except OSError as exc:
                 raise ListenError("[admin] address", config.admin.address, exc) from None
             log.info(
-                "edge %s serving %s with %d worker(s)",
+                "edge %s serving %s with %d worker(s), geoedge %s",
                 config.edge.id,
                 ", ".join(x.address for x in config.listeners),
                 supervisor.target,
+                version_line(),
             )
             systemd = asyncio.get_running_loop().create_task(
                 self.notifier.run(

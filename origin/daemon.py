@@ -61,6 +61,7 @@ from geoedge.metrics import (
 from geoedge.preflight import ListenError
 from geoedge.status_window import MetricsWindow
 from geoedge.systemd import ServiceNotifier, listen_sockets
+from geoedge.version import version_line
 from geoedge.workers import Supervisor, WorkerContext, listen_control
 from origin.admission import TlsAudit
 from origin.config import OriginConfig, load_origin_config
@@ -175,6 +176,13 @@ class OriginDaemon:
                 await self.admin.start()
             except OSError as exc:
                 raise ListenError("[admin] address", config.admin.address, exc) from None
+            log.info(
+                "origin %s serving %s with %d worker(s), geoedge %s",
+                config.origin.id,
+                config.tunnel_listener.address,
+                self.supervisor.target if self.supervisor is not None else 1,
+                version_line(),
+            )
             if self.worker is not None:
                 await self.worker.start(
                     sock=self._sock, ssl_context=self._ssl, tls_audit=self._audit

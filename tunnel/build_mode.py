@@ -94,6 +94,7 @@ COMPILED_MODULES: tuple[str, ...] = (
 
 NO_EXTENSIONS_VARIABLE = "GEOEDGE_NO_EXTENSIONS"
 ROOT = Path(__file__).resolve().parent.parent  # the folder holding tunnel/, edge/, origin/
+CHECKOUT = (ROOT / "pyproject.toml").exists()  # a source tree (make venv), not site-packages
 
 
 def extensions_disabled() -> bool:
@@ -124,11 +125,14 @@ def _why_pure(modules: Sequence[str]) -> str | None:
         if built is None:
             missing.append(module)
             continue
+        if not CHECKOUT:
+            continue  # installed from a wheel: built together, whatever the files' times
         source = source_path(module)
-        sources = [source, source.with_suffix(".pxd")]
         built_at = built.stat().st_mtime
-        # A .pxd is not installed from a wheel: only a checkout is checked.
-        if sources[1].exists() and any(p.stat().st_mtime > built_at for p in sources):
+        if any(
+            path.exists() and path.stat().st_mtime > built_at
+            for path in (source, source.with_suffix(".pxd"))
+        ):
             stale.append(module)
     if missing:
         return f"no compiled extension for {', '.join(missing)}"
