@@ -67,10 +67,14 @@ def build_extensions(root: Path, out: Path | None, scratch: Path) -> list[Path]:
     from setuptools import Distribution, Extension
     from setuptools.command.build_ext import build_ext
 
+    flags = ["-g0"]  # no debug information: a third of the compile time, and smaller wheels
     sources = [
-        Extension(name, [str(Path(*name.split(".")).with_suffix(".py"))])
+        Extension(name, [str(Path(*name.split(".")).with_suffix(".py"))], extra_compile_args=flags)
         for name in compiled_modules(root)
-    ] + [Extension(name, [pyx], libraries=list(libs)) for name, pyx, libs in BINDINGS]
+    ] + [
+        Extension(name, [pyx], libraries=list(libs), extra_compile_args=flags)
+        for name, pyx, libs in BINDINGS
+    ]
     modules = cythonize(
         sources,
         compiler_directives=DIRECTIVES,
