@@ -20,10 +20,11 @@ STAMPS := $(VENV)/.stamps
 # for real peers (haproxy), the WAN emulator (iptables, libnetfilter-queue), the
 # WireGuard test (wireguard-go, wireguard-tools) and the unit checks
 # (systemd-analyze, in systemd), the monitoring kit (promtool, in prometheus) and
-# the status page in a real browser (chromium).
+# the status page in a real browser (chromium); gcc and python3-dev compile the
+# hot modules (hatch_build.py), patchelf lets auditwheel repair the compiled
+# wheel, valgrind counts instructions (make bench-edge-logic ARGS=--instructions).
 APT_PACKAGES := haproxy wrk iptables iproute2 libnetfilter-queue-dev gcc python3-dev \
-	systemd wireguard-go wireguard-tools curl nghttp2-client prometheus chromium \
-	libnghttp2-dev patchelf
+	systemd wireguard-go wireguard-tools curl nghttp2-client prometheus chromium patchelf valgrind
 
 # Redone when this file changes (the package list may have grown); cheap when
 # everything is there already.
@@ -50,17 +51,17 @@ $(STAMPS)/py-test: pyproject.toml $(VENV)/bin/python
 	$(PY) -m pip install -q -e '.[test,load]'
 	@touch $@
 
-$(STAMPS)/py-load: $(STAMPS)/py-test
+$(STAMPS)/py-load: $(STAMPS)/py-test $(STAMPS)/extensions
 	@touch $@
 
 # The compiled modules (tunnel/build_mode.py, hatch_build.py), built in place
 # beside their sources; again when a source changes (only what changed is
 # compiled: build/cython keeps Cython's output). GEOEDGE_NO_EXTENSIONS=1 skips it.
-COMPILED_SOURCES := $(wildcard tunnel/*/*.py tunnel/*/*.pxd edge/*.py edge/*.pxd edge/*.pyx \
+COMPILED_SOURCES := $(wildcard tunnel/*/*.py tunnel/*/*.pxd edge/*.py edge/*.pxd \
 	edge/*/*.py edge/*/*.pxd origin/*.py origin/*.pxd) tunnel/build_mode.py hatch_build.py
 $(STAMPS)/extensions: $(STAMPS)/py-test $(COMPILED_SOURCES)
 	$(PY) hatch_build.py
-	@touch $@
+	@case "$$GEOEDGE_NO_EXTENSIONS" in ""|0) touch $@;; esac
 
 $(NODE_APP)/node_modules/.stamp: $(NODE_APP)/package.json | $(STAMPS)/apt-base
 	cd $(NODE_APP) && npm ci --no-audit --no-fund --loglevel=error
@@ -115,7 +116,7 @@ bench-keepalive-race: $(STAMPS)/py-load node
 	$(PY) -m loadtests.keepalive_race
 
 bench-edge-logic: $(STAMPS)/py-load
-	$(PY) -m loadtests.edge_logic
+	$(PY) -m loadtests.edge_logic $(ARGS)
 
 bench-tls-floor: $(STAMPS)/py-load node
 	$(PY) -m loadtests.tls_floor

@@ -2,19 +2,21 @@
 
 Which modules: ``tunnel.build_mode.COMPILED_MODULES`` (read from that file,
 without importing the package), each compiled from its own ``.py`` in
-Cython's pure-Python mode, typed by the ``.pxd`` beside it; plus the
-libnghttp2 binding (``edge/_nghttp2.pyx``), linked against the system's
-``libnghttp2`` (``libnghttp2-dev``).
+Cython's pure-Python mode, typed by the ``.pxd`` beside it.
 
-- the standard wheel: the extensions are built in a scratch folder and go
-  into the wheel beside their sources, which makes it a platform wheel
-  (``cp311-cp311-linux_x86_64``; ``make dist`` repairs it to a manylinux tag);
-- the editable install (``make venv``): they are built in place, beside their
-  sources in the checkout (ignored by git); ``tunnel.build_mode`` refuses an
-  extension older than its source;
+The extensions are always built in place, beside their sources (ignored by
+git), with Cython's C files kept in ``build/cython``: a second build compiles
+only what changed, and the editable install (``make venv``), the wheels of
+``make dist`` and the wheel test share one compilation.
+
+- the editable install: the checkout is on ``sys.path``, the extensions with
+  it; ``tunnel.build_mode`` refuses one older than its source;
+- the standard wheel: the extensions go into it beside their sources, which
+  makes it a platform wheel (``cp311-cp311-linux_x86_64``; ``make dist``
+  repairs it to a manylinux tag);
 - ``GEOEDGE_NO_EXTENSIONS=1``, or a build that fails (no C compiler, no
-  Python or libnghttp2 headers): a pure-Python wheel (``py3-none-any``), and
-  one warning line; it runs the same code, slower.
+  Python headers): a pure-Python wheel (``py3-none-any``), and one warning
+  line; it runs the same code, slower.
 
 Why a hatchling hook rather than setuptools as the backend: the wheel's layout
 (``deploy/`` shipped as ``geoedge/deploy``, ``dev-mode-dirs``) is hatchling's
@@ -44,9 +46,6 @@ DIRECTIVES = {
     "embedsignature": True,
 }
 
-#: The libnghttp2 binding: (module, its .pyx, the libraries it links).
-BINDINGS: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
-
 
 def compiled_modules(root: Path) -> tuple[str, ...]:
     """``COMPILED_MODULES`` as written in ``tunnel/build_mode.py``."""
@@ -58,23 +57,21 @@ def compiled_modules(root: Path) -> tuple[str, ...]:
     raise RuntimeError("tunnel/build_mode.py names no COMPILED_MODULES")
 
 
-def build_extensions(root: Path, out: Path | None, scratch: Path) -> list[Path]:
-    """Compile every extension; into ``out`` (a tree like the sources'), or
-    beside the sources when ``out`` is None. Returns the files built, relative
-    to their tree. Cython's C files go to ``scratch``: given the same
-    ``scratch`` again, only what changed is compiled again."""
+def build_extensions(root: Path) -> list[Path]:
+    """Compile every extension in place, beside its source (only what changed
+    since the last build); returns the files, relative to ``root``."""
     from Cython.Build import cythonize
     from setuptools import Distribution, Extension
     from setuptools.command.build_ext import build_ext
 
-    flags = ["-g0"]  # no debug information: a third of the compile time, and smaller wheels
+    # No debug information (a third of the compile time, smaller wheels); GCC 12
+    # warns of array bounds in code Cython generates for every int operation.
+    flags = ["-g0", "-Wno-array-bounds"]
     sources = [
         Extension(name, [str(Path(*name.split(".")).with_suffix(".py"))], extra_compile_args=flags)
         for name in compiled_modules(root)
-    ] + [
-        Extension(name, [pyx], libraries=list(libs), extra_compile_args=flags)
-        for name, pyx, libs in BINDINGS
     ]
+    scratch = root / "build" / "cython"
     modules = cythonize(
         sources,
         compiler_directives=DIRECTIVES,
@@ -83,8 +80,7 @@ def build_extensions(root: Path, out: Path | None, scratch: Path) -> list[Path]:
         quiet=True,
     )
     command = build_ext(Distribution({"ext_modules": modules, "script_name": "hatch_build.py"}))
-    command.inplace = out is None
-    command.build_lib = str(out or root)
+    command.inplace = True
     command.build_temp = str(scratch / "temp")
     command.parallel = os.cpu_count() or 1
     command.ensure_finalized()
@@ -102,13 +98,10 @@ class CompiledModulesHook(BuildHookInterface):  # type: ignore[type-arg]
             self.app.display_info(f"{NO_EXTENSIONS_VARIABLE} is set: a pure-Python wheel")
             return
         root = Path(self.root)
-        # Kept (build/ is ignored by git): a rebuild compiles only what changed.
-        scratch = root / "build" / "cython"
-        out = None if version == "editable" else scratch / "lib"
         cwd = os.getcwd()
         os.chdir(root)
         try:
-            built = build_extensions(root, out, scratch)
+            built = build_extensions(root)
         except Exception as exc:  # no compiler, no headers: the pure build is complete too
             print(
                 f"geoedge: building the compiled modules failed ({type(exc).__name__}: {exc}); "
@@ -118,12 +111,12 @@ class CompiledModulesHook(BuildHookInterface):  # type: ignore[type-arg]
             return
         finally:
             os.chdir(cwd)
-        if out is None:
+        if version == "editable":
             return  # beside the sources, which the editable install puts on sys.path
         build_data["pure_python"] = False
         build_data["infer_tag"] = True
         for relative in built:
-            build_data["force_include"][str(out / relative)] = str(relative)
+            build_data["force_include"][str(root / relative)] = str(relative)
 
 
 def main() -> int:
@@ -135,7 +128,7 @@ def main() -> int:
         return 0
     root = Path(__file__).resolve().parent
     os.chdir(root)
-    built = build_extensions(root, None, root / "build" / "cython")
+    built = build_extensions(root)
     print(f"built {len(built)} extension(s) in place")
     return 0
 
