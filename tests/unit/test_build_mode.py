@@ -5,8 +5,10 @@ command says which."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -136,3 +138,49 @@ def test_load_pure_runs_the_source_beside_the_running_build() -> None:
 def test_version_says_which_build(capsys: pytest.CaptureFixture[str]) -> None:
     assert geoedge_main(["version"]) == 0
     assert capsys.readouterr().out.strip().endswith(f"({expected_build_mode()})")
+
+
+def _pxd_classes(pxd: Path) -> dict[str, set[str]]:
+    """``cdef class`` name -> the attributes its ``.pxd`` declares."""
+    classes: dict[str, set[str]] = {}
+    current: set[str] | None = None
+    for line in pxd.read_text().splitlines():
+        match = re.match(r"cdef class (\w+)", line)
+        if match:
+            current = classes.setdefault(match[1], set())
+        elif current is not None and line.startswith("    cdef ") and "(" not in line:
+            current.add(line.split()[-1])
+        elif line and not line.startswith((" ", "#")):
+            current = None
+    return classes
+
+
+def _slots(source: Path) -> dict[str, set[str]]:
+    found = {}
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if (
+                    isinstance(item, ast.Assign)
+                    and getattr(item.targets[0], "id", "") == "__slots__"
+                ):
+                    found[node.name] = set(ast.literal_eval(item.value))
+    return found
+
+
+PXDS = sorted(
+    p for package in ("tunnel", "edge", "origin") for p in (ROOT / package).rglob("*.pxd")
+)
+
+
+@pytest.mark.parametrize("pxd", PXDS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_each_typed_class_declares_exactly_its_slots(pxd: Path) -> None:
+    """A compiled class has no ``__dict__``: an attribute its ``__slots__``
+    gains and its ``.pxd`` lacks would fail only in the compiled build, at
+    run time. Add it to the ``.pxd`` beside the ``.py``."""
+    module = ".".join(pxd.relative_to(ROOT).with_suffix("").parts)
+    assert module in COMPILED_MODULES, f"{pxd.name} types a module that is not compiled"
+    slots = _slots(pxd.with_suffix(".py"))
+    for name, declared in _pxd_classes(pxd).items():
+        assert name in slots, f"{name} has no __slots__ in {pxd.with_suffix('.py').name}"
+        assert declared == slots[name], f"{name}: .pxd and __slots__ differ"
