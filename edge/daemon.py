@@ -9,7 +9,14 @@ Start-up, in this order (the order is the point):
    contexts :func:`edge.__main__.preflight` built;
 3. the admin listener; 4. fork the workers (:mod:`edge.worker`).
 
-Signals: SIGTERM/SIGINT drain (``/healthz`` answers 503 from then on; stop
+Admin health, two questions (:mod:`geoedge.admin`): ``/livez`` is 200 while a
+worker runs and the listening sockets are open, whatever the origins do (only
+this replaces a host); ``/readyz`` (and ``/healthz``) is 200 while some worker
+has a usable tunnel and no drain has begun (this sends users). The traffic
+listeners answer ``[http] readiness_path`` themselves, per worker, for load
+balancers that can reach only them (edge/front_h1_requests.py).
+
+Signals: SIGTERM/SIGINT drain (``/readyz`` answers 503 from then on; stop
 accepting, finish in-flight requests up to ``drain_timeout_s``, GOAWAY the
 tunnels) and exit; SIGHUP reloads certificates and OCSP responses without
 dropping a connection, in the parent first (so a worker it starts later
@@ -37,6 +44,7 @@ from edge.status import EdgeStatus
 from edge.tls import CertificateStore, TlsConfigError
 from edge.worker import EdgeWorker
 from geoedge.admin import AdminServer, HealthReport
+from geoedge.cert_expiry import CertificateWatch, WatchedFile, tunnel_files
 from geoedge.listening import activated_or_bound
 from geoedge.memory import MemoryKeeper, tune_gc
 from geoedge.metrics import (
@@ -125,10 +133,15 @@ class EdgeDaemon:
             parent_fds=self._parent_fds,
             on_stopping=lambda: self.notifier.stopping(f"draining {supervisor.running} worker(s)"),
         )
+        certificates = edge_certificates(config)
         self.admin = AdminServer(
             config.admin.address,
             health=self.health,
-            status=EdgeStatus(config, MetricsWindow(merged_families), supervisor.statistics),
+            liveness=self.liveness,
+            status=EdgeStatus(
+                config, MetricsWindow(merged_families), supervisor.statistics, certificates
+            ),
+            collectors=[certificates],
         )
         try:
             try:
@@ -209,6 +222,26 @@ class EdgeDaemon:
             "tunnels_up": up,
         }
 
+    def liveness(self) -> HealthReport:
+        """Live while a worker runs (or the supervisor is starting them) and every
+        listening socket is open: not ready is not dead, so an origin outage or a
+        refused tunnel never fails it, nor does a drain."""
+        stats = self.supervisor.statistics() if self.supervisor is not None else None
+        workers_ok = stats is not None and (stats.running > 0 or stats.stopping)
+        closed = [
+            listener.address if listener is not None else "[redirect]"
+            for listener, sock in self.sockets
+            if sock.fileno() < 0
+        ]
+        detail: dict[str, object] = {
+            "workers_running": stats.running if stats is not None else 0,
+            "workers_target": stats.target if stats is not None else 0,
+            "listeners": len(self.sockets) - len(closed),
+        }
+        if closed:
+            detail["closed_listeners"] = closed
+        return workers_ok and bool(self.sockets) and not closed, detail
+
     # -- worker process ----------------------------------------------------------------
 
     def _worker_main(self, context: WorkerContext) -> int:
@@ -233,6 +266,14 @@ class EdgeDaemon:
         await worker.drain()
         memory.close()
         return 0
+
+
+def edge_certificates(config: EdgeConfig) -> CertificateWatch:
+    """The certificates users see, the tunnel certificates and the CAs they trust."""
+    files = [WatchedFile("served", c.cert) for c in config.tls.certificates]
+    for origin in config.origins:
+        files += tunnel_files(origin.tunnel.cert, origin.tunnel.ca)
+    return CertificateWatch(files)
 
 
 def tunnels_up() -> dict[str, float]:

@@ -178,15 +178,19 @@ class Exchange:
 
     def start(self) -> None:
         """Open the stream and send the head, or wait for a tunnel."""
-        if self._open():
-            return
+        if not self._open() and not self._wait_for_tunnel():
+            self._no_tunnel()
+
+    def _wait_for_tunnel(self) -> bool:
+        """Wait up to ``tunnel_wait_s`` for a tunnel, the client's reading
+        paused; False when the edge drains or nothing is connecting."""
         services = self.services
         wait = TunnelWait(services, self._open, self._no_tunnel)
         if services.draining or not wait.begin(services.tunnel_wait_s):
-            self._no_tunnel()
-            return
+            return False
         self._wait = wait
         self.client.pause_request(self)
+        return True
 
     def send_body(self, data: bytes) -> None:
         """Request body octets, as they must reach the backend."""
@@ -344,7 +348,10 @@ class Exchange:
         self._drop_stream()
         record.retried = True
         self._head = record.replay  # type: ignore[assignment]
-        if not self._open():
+        # The tunnel it broke on may have been the last one up (an origin
+        # restarting refuses what it got after its GOAWAY): then the replay
+        # waits for the next tunnel, as a new request would.
+        if not self._open() and not self._wait_for_tunnel():
             return False
         self.services.count_error("replayed")
         return True

@@ -84,6 +84,18 @@ class EdgeMetrics:
             ("origin",),
             buckets=_RTT_BUCKETS,
         )
+        self.acme_events = m.counter(
+            "acme_events",
+            "ACME messages from the origin, by what became of them, and HTTP-01 answers",
+            ("event",),
+        )
+        self.acme_certificate_expiry = m.gauge(
+            "acme_certificate_expiry_timestamp_seconds",
+            "notAfter (Unix time) of the ACME certificate served for each name: the"
+            " earliest any live worker serves",
+            ("certificate", "name"),
+            mode="livemin",
+        )
         self._prime()
 
     def _prime(self) -> None:

@@ -135,6 +135,9 @@ class StapleTable:
     def __len__(self) -> int:
         return len(self._by_certificate)
 
+    def items(self) -> list[tuple[bytes, OcspStaple]]:
+        return list(self._by_certificate.items())
+
     def lookup(self, certificate_der: bytes, now: float | None = None) -> bytes | None:
         staple = self._by_certificate.get(certificate_der)
         if staple is None:

@@ -11,8 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from edge.config import EdgeConfig
+from geoedge.cert_expiry import CertificateWatch, certificates_table
 from geoedge.status_page import Cell, Row, StatusPage, Table, cell
 from geoedge.status_window import MetricsWindow, workers_table
+from geoedge.version import package_version
 from geoedge.workers import SupervisorStatistics
 
 __all__ = ["EdgeStatus"]
@@ -26,6 +28,7 @@ class EdgeStatus:
     config: EdgeConfig
     window: MetricsWindow
     supervisor: Callable[[], SupervisorStatistics]
+    certificates: CertificateWatch | None = None
 
     def sample(self) -> None:
         self.window.sample()
@@ -38,6 +41,7 @@ class EdgeStatus:
         errors = sum(rate for (status,), rate in requests.items() if status.startswith("5"))
         facts = [
             ("edge", Cell(self.config.edge.id)),
+            ("version", Cell(package_version())),
             ("state", Cell("draining", "warn") if stats.stopping else Cell("serving", "ok")),
             ("workers", Cell(f"{stats.running}/{stats.target}", "" if stats.running else "bad")),
             ("requests", cell(total, "/s")),
@@ -47,7 +51,8 @@ class EdgeStatus:
         return StatusPage(
             f"geoedge edge {self.config.edge.id}",
             facts,
-            [self._tunnels(), self._phases(), self._errors(), self._workers()],
+            [self._tunnels(), self._phases(), self._errors(), self._workers()]
+            + ([certificates_table(self.certificates)] if self.certificates else []),
         )
 
     def _tunnels(self) -> Table:

@@ -14,7 +14,7 @@ the shared runtime sits below the daemons (``edge`` and ``origin`` import it),
 and a tool here that renders their configs must not make that a circle.
 
 Paths: every file a config names lives under ``etc_dir`` (``/etc/geoedge``),
-with the names ``geoedge pki`` writes (deploy/README.md, section 3). Another
+with the names ``geoedge pki`` writes (docs/deployment.md, section 3). Another
 ``etc_dir`` is carried into the unit's ``--config`` and the cloud-init too, so
 the files stay consistent with each other.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from geoedge import assets
-from geoedge.config import ConfigError, config_from_mapping
+from geoedge.config import ConfigError, config_from_mapping, schema_fields
 from geoedge.config_render import config_to_toml
 from geoedge.pki import write_file_atomically
 from geoedge.version import package_version
@@ -42,11 +42,13 @@ __all__ = [
     "EdgeChoices",
     "HostFile",
     "InitError",
+    "MetricsChoices",
     "OriginChoices",
     "defaults_toml",
     "edge_files",
     "install_steps",
     "load_schema",
+    "metrics_files",
     "node_files",
     "origin_files",
     "write_host_files",
@@ -64,6 +66,18 @@ EXAMPLE_WHEEL_URL = "https://downloads.example.com/geoedge/geoedge-0.1.0-py3-non
 #: The example edge id in the shipped edge cloud-init, replaced by the edge's id.
 EXAMPLE_EDGE_ID = "tokyo-1"
 EXAMPLE_ORIGIN_ID = "dublin-1"
+
+
+#: The tunnel tuning deploy/config/edge.example.toml explains, for links
+#: between regions (~100-300 ms): the first round trip after a tunnel comes up
+#: (before the RTT is measured) opens windows wide enough for a 768 KB response
+#: instead of three round trips. The schema's defaults are the wire's
+#: (tunnel/PROTOCOL.md), which suit any link; a host that `geoedge init` writes
+#: is one of a fleet, so it gets these.
+LONG_LINK_TUNNEL: dict[str, Any] = {
+    "initial_stream_window_bytes": 1024 * 1024,
+    "initial_connection_window_bytes": 32 * 1024 * 1024,
+}
 
 
 class InitError(ValueError):
@@ -128,12 +142,37 @@ def load_schema(role: str) -> type:
 
 
 def defaults_toml(role: str) -> str:
-    """``geoedge config --defaults ROLE``: every key, its default and its docstring."""
+    """``geoedge config --defaults ROLE``: every key, its default and its
+    docstring; every table, the ones with no default entry (``[[origins]]``,
+    ``[[pools]]``, ``[redirect]``...) as a commented-out example taken from
+    what ``geoedge init`` writes."""
     header = (
         f"# Every key of {role}.toml with its default (geoedge {package_version()}).\n"
-        "# Keys shown as comments have no default: they are required, or unset.\n\n"
+        "# Keys shown as comments have no default: they are required, or unset.\n"
+        "# Tables shown as comments are examples: optional tables, and one entry\n"
+        "# of each array of tables ([[...]]); uncomment and edit them.\n\n"
     )
-    return header + config_to_toml(load_schema(role))
+    example = (
+        edge_config_mapping(EdgeChoices(nlb_cidr="10.20.0.0/16"))
+        if role == "edge"
+        else origin_config_mapping(OriginChoices(names=("app.example.com",)))
+    )
+    example = _with_examples(role, example)
+    return header + config_to_toml(load_schema(role), example=example)
+
+
+def _with_examples(role: str, mapping: dict[str, Any]) -> dict[str, Any]:
+    """Values for the example entries that ``geoedge init`` does not write."""
+    if role == "origin":
+        [pool] = mapping["pools"]
+        pool["dns"] = {"name": "app.service.consul", "type": "A", "port": 3000}
+        mapping["acme"] = {
+            "contact": ["mailto:ops@example.com"],
+            "agree_to_terms": True,
+            "certificates": [{"id": "app", "domains": ["app.example.com", "*.app.example.com"]}],
+            "dns": {"provider": "route53"},
+        }
+    return mapping
 
 
 def _render(role: Role, mapping: dict[str, Any], header: str) -> str:
@@ -191,7 +230,7 @@ def edge_config_mapping(choices: EdgeChoices) -> dict[str, Any]:
     if choices.nlb_cidr is not None:
         listener |= {"proxy_protocol": True, "trusted_proxies": [choices.nlb_cidr]}
     return {
-        "edge": {"id": choices.edge_id},
+        "edge": {"id": choices.edge_id, "access_log": "/var/log/geoedge/access.log"},
         "listeners": [listener],
         "redirect": {"address": "0.0.0.0:80"},
         "tls": {
@@ -203,8 +242,8 @@ def edge_config_mapping(choices: EdgeChoices) -> dict[str, Any]:
                 }
             ]
         },
-        "http": {"access_log": "/var/log/geoedge/access.log"},
         "origins": origins,
+        "tunnel": dict(LONG_LINK_TUNNEL),
     }
 
 
@@ -249,7 +288,6 @@ def origin_config_mapping(choices: OriginChoices) -> dict[str, Any]:
         "backends": [{"address": address} for address in choices.backends],
     }
     return {
-        "origin": {"id": choices.origin_id},
         "tunnel_listener": {
             "address": choices.tunnel_address,
             "transport": "tls",
@@ -258,6 +296,8 @@ def origin_config_mapping(choices: OriginChoices) -> dict[str, Any]:
             "ca": str(pki / "ca.pem"),
             "allowed_identities": list(choices.edges),
         },
+        "origin": {"id": choices.origin_id, "access_log": "/var/log/geoedge/origin-access.log"},
+        "tunnel": dict(LONG_LINK_TUNNEL),
         "pools": [pool],
     }
 
@@ -285,6 +325,60 @@ def origin_files(choices: OriginChoices) -> list[HostFile]:
         _sysctl_file(),
         HostFile("cloud-init.yaml", user_data, 0o600, None),
     ]
+
+
+# ---------------------------------------------------------------------------- metrics
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsChoices:
+    """Where one host's Prometheus agent sends what it scrapes."""
+
+    role: Role
+    instance: str
+    """The ``instance`` label of every series: ``<edge or origin id>-<EC2 instance id>``."""
+    region: str
+    workspace: str
+    """The Amazon Managed Service for Prometheus workspace id (``ws-...``)."""
+    workspace_region: str
+    admin: str | None = None
+    """The daemon's admin address; default: the schema's."""
+
+
+def metrics_files(choices: MetricsChoices) -> list[HostFile]:
+    """``prometheus-agent.yml`` for this host and the ``/etc/default/prometheus``
+    that runs Debian's prometheus package as that agent."""
+    admin = choices.admin or _admin_default(choices.role)
+    url = (
+        f"https://aps-workspaces.{choices.workspace_region}.amazonaws.com/workspaces/"
+        f"{choices.workspace}/api/v1/remote_write"
+    )
+    text = assets.deploy_file("monitoring/prometheus-agent.yml").read_text()
+    _, _, body = text.partition("\nglobal:")
+    body = "global:" + body
+    for placeholder, value in (
+        ("GEOEDGE_ADMIN", admin),
+        ("GEOEDGE_INSTANCE", choices.instance),
+        ("GEOEDGE_REMOTE_WRITE", url),
+        ("GEOEDGE_WORKSPACE_REGION", choices.workspace_region),
+        ("GEOEDGE_REGION", choices.region),
+    ):
+        body = body.replace(placeholder, value)
+    config = f"# Written by `geoedge init metrics` (geoedge {package_version()}).\n" + body
+    arguments = (
+        "# Written by `geoedge init metrics`: Debian's prometheus as a scraping agent.\n"
+        'ARGS="--enable-feature=agent --config.file=/etc/prometheus/geoedge-agent.yml '
+        '--storage.agent.path=/var/lib/prometheus/agent"\n'
+    )
+    return [
+        HostFile("prometheus-agent.yml", config, 0o644, "/etc/prometheus/geoedge-agent.yml"),
+        HostFile("prometheus.default", arguments, 0o644, "/etc/default/prometheus"),
+    ]
+
+
+def _admin_default(role: Role) -> str:
+    admin = schema_fields(load_schema(role))["admin"].default
+    return str(admin.address)
 
 
 # ------------------------------------------------------------------------------- node
@@ -316,7 +410,7 @@ def _header(title: str, role: Role, etc: Path, needs: Sequence[str]) -> str:
         f"the defaults (`geoedge config --defaults {role}` prints them all).",
         f"Install as {etc}/{role}.toml (root:geoedge, mode 0640), then check it:",
         f"  geoedge-{role} --config {etc}/{role}.toml --check",
-        "It reads these files (deploy/README.md, sections 1-3):",
+        "It reads these files (docs/deployment.md, sections 1-3):",
         *(f"  {need}" for need in needs),
     ]
     return "".join(f"# {line}\n" for line in lines) + "\n"

@@ -12,8 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from geoedge.cert_expiry import CertificateWatch, certificates_table
 from geoedge.status_page import Action, Cell, Row, StatusPage, Table, cell
 from geoedge.status_window import MetricsWindow, workers_table
+from geoedge.version import package_version
 from origin.control import ControlPlane
 
 __all__ = ["OriginStatus"]
@@ -29,6 +31,7 @@ class OriginStatus:
     control: ControlPlane
     #: (workers running, workers wanted, draining)
     workers: Callable[[], tuple[int, int, bool]]
+    certificates: CertificateWatch | None = None
 
     def sample(self) -> None:
         self.window.sample()
@@ -40,6 +43,7 @@ class OriginStatus:
         failures = sum(w.rate("geoedge_origin_stream_failures_total", ()).values())
         facts = [
             ("origin", Cell(self.origin_id)),
+            ("version", Cell(package_version())),
             ("state", Cell("draining", "warn") if draining else Cell("serving", "ok")),
             ("workers", Cell(f"{running}/{target}", "" if running else "bad")),
             ("streams", cell(streams, "/s")),
@@ -50,7 +54,8 @@ class OriginStatus:
         return StatusPage(
             f"geoedge origin {self.origin_id}",
             facts,
-            [self._edges(), self._backends(), self._failures(), workers_table(w, "origin")],
+            [self._edges(), self._backends(), self._failures(), workers_table(w, "origin")]
+            + ([certificates_table(self.certificates)] if self.certificates else []),
         )
 
     def _edges(self) -> Table:

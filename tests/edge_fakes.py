@@ -175,12 +175,18 @@ class FakeServices:
     def warn(self, message: str, *args: object) -> None:
         pass
 
+    def ready(self) -> bool:
+        return self.tunnel_up and not self.draining
+
     def new_request_id(self) -> str:
         self.ids += 1
         return f"req{self.ids:04d}"
 
     def admit(self, client_ip: str) -> Any:
         return lambda: None
+
+    def acme_http01(self, host: str | None, path: str) -> str | None:
+        return None
 
     def connection_opened(self, connection: Any, facts: Any) -> None:
         self.connections.add(connection)

@@ -23,6 +23,9 @@ first, before any listed module can be):
   build;
 - else compiled.
 
+Run from a zip (``PYTHONPATH=geoedge-....whl``, the release tool's
+bootstrap), nothing can load an extension: pure Python, silently.
+
 Pure Python is enforced by a finder placed first on ``sys.meta_path`` that
 loads the listed modules from their ``.py``.
 """
@@ -150,7 +153,7 @@ class _PureFinder(importlib.abc.MetaPathFinder):
 def _choose(modules: Sequence[str]) -> tuple[str, str | None]:
     """(the build mode, why pure when it is not by request), installing the
     finder when pure."""
-    if not modules:
+    if not modules or not ROOT.is_dir():  # run from a zip (a wheel): no extension loads
         return "pure Python", None
     if extensions_disabled():
         reason = None

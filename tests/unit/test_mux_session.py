@@ -757,7 +757,7 @@ def test_a_silent_peer_is_declared_dead_after_the_ping_timeout() -> None:
 
 
 def test_a_peer_that_never_sends_hello_times_out() -> None:
-    session = Session(SessionConfig(), client=True, now=0.0)
+    session = Session(SessionConfig(ping_timeout_s=6.0), client=True, now=0.0)
     session.receive_data(b"GEOEDGE\n", 1.0)  # the preface, then nothing
     assert session.handle_timer(6.9) == []
     assert session.handle_timer(7.0)[-1].error_code == ErrorCode.TIMEOUT

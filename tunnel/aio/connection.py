@@ -11,7 +11,9 @@ single ``writelines``, re-arm the one timer. No ``await`` in a dispatch step.
   :class:`~tunnel.aio.stream.TunnelStream` calls to send;
 - :class:`~tunnel.aio.read_pacing.ReadPacer`: when the transport reads;
 - :class:`~tunnel.aio.warmup.CongestionWarmUp`: padding that grows a new
-  TCP connection's congestion window.
+  TCP connection's congestion window;
+- :class:`~tunnel.aio.control.ControlChannel`: CONTROL messages sent and
+  answered (PROTOCOL.md §5.14).
 """
 
 from __future__ import annotations
@@ -20,17 +22,20 @@ import asyncio
 import logging
 import socket
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from tunnel.aio.connection_writer import ConnectionWriter, session_clock
+from tunnel.aio.control import ControlChannel, ControlHandler, ControlReply
 from tunnel.aio.errors import PeerRefused, StreamOpenError
 from tunnel.aio.read_pacing import ReadPacer
 from tunnel.aio.stream import TunnelStream
 from tunnel.aio.warmup import CongestionWarmUp
 from tunnel.mux import (
     ConnectionTerminated,
+    ControlAcknowledged,
+    ControlReceived,
     DataReceived,
     ErrorCode,
     GoAwayReceived,
@@ -85,7 +90,9 @@ def tune_socket(sock: socket.socket | None) -> None:
 
 class TunnelConnection(asyncio.Protocol):
     """One tunnel connection. ``on_stream`` is called for each stream the peer
-    opens and returns the protocol that will handle it (or None to refuse).
+    opens and returns the protocol that will handle it (or None to refuse);
+    ``control_handlers`` answer the peer's CONTROL messages by kind
+    (:mod:`tunnel.aio.control`).
 
     Owns the session and what it carries: feeding it (``data_received``,
     ``eof_received``, ``connection_lost``), dispatching its events (stream
@@ -111,6 +118,7 @@ class TunnelConnection(asyncio.Protocol):
         authorize: Authorizer,
         on_stream: StreamAcceptor | None = None,
         learned_window_hint: int = 0,
+        control_handlers: Mapping[int, ControlHandler] | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self.config = config
@@ -122,6 +130,9 @@ class TunnelConnection(asyncio.Protocol):
         self._on_stream = on_stream
         self._reading = ReadPacer(self._loop)
         self._writer = ConnectionWriter(self._loop, self.session, self._reading)
+        self._control = ControlChannel(
+            self._loop, self.session, self._writer, control_handlers or {}
+        )
         self._streams: dict[int, TunnelStream] = {}
         self.established: asyncio.Future[None] = self._loop.create_future()
         self.closed: asyncio.Future[ConnectionTerminated] = self._loop.create_future()
@@ -213,6 +224,14 @@ class TunnelConnection(asyncio.Protocol):
         self._writer.schedule_flush()
         return stream
 
+    async def send_control(self, kind: int, body: bytes, timeout_s: float) -> ControlReply:
+        """Send a CONTROL message (PROTOCOL.md §5.14) and wait up to
+        ``timeout_s`` for the peer's answer. Raises
+        :class:`~tunnel.aio.errors.ControlTimeout` (no ACK in time: an older
+        peer never answers), :class:`~tunnel.aio.errors.ControlLost` (the
+        connection ended first) or :class:`~tunnel.aio.errors.ControlSendError`."""
+        return await self._control.send(kind, body, timeout_s)
+
     @property
     def can_open_stream(self) -> bool:
         return self._writer.transport is not None and self.session.can_open_stream
@@ -301,6 +320,12 @@ class TunnelConnection(asyncio.Protocol):
         protocol.connection_made(stream)
 
     def _on_connection_event(self, event: object) -> None:
+        if isinstance(event, ControlReceived):
+            self._control.on_received(event, self.info.peer_identity)
+            return
+        if isinstance(event, ControlAcknowledged):
+            self._control.on_acknowledged(event)
+            return
         if isinstance(event, SessionEstablished):
             if not self.established.done():
                 self.established.set_result(None)
@@ -322,6 +347,7 @@ class TunnelConnection(asyncio.Protocol):
             listener(self, event)
 
     def _on_terminated(self, event: ConnectionTerminated) -> None:
+        self._control.close(event.error_code)
         level = logging.INFO if event.error_code == ErrorCode.NO_ERROR else logging.WARNING
         log.log(
             level,

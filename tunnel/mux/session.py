@@ -3,10 +3,11 @@
 ``receive_data(data, now) -> list[Event]`` takes bytes from the peer; the
 commands (:meth:`open_stream`, :meth:`send_data`, :meth:`end_stream`,
 :meth:`reset_stream`, :meth:`acknowledge_received_data`, :meth:`ping`,
-:meth:`go_away`) change state; :meth:`data_to_send` returns what to write, control
-frames first, then DATA frames chosen fairly by the scheduler. Time is a
-parameter; :meth:`next_deadline` / :meth:`handle_timer` drive keepalive, dead-peer
-detection and stall detection.
+:meth:`go_away`, :meth:`send_control`, :meth:`acknowledge_control`) change
+state; :meth:`data_to_send` returns what to write, control frames first, then
+DATA frames chosen fairly by the scheduler. Time is a parameter;
+:meth:`next_deadline` / :meth:`handle_timer` drive keepalive, dead-peer detection
+and stall detection.
 
 Error scopes follow PROTOCOL.md §9: a :class:`StreamError` resets one stream and
 costs error budget; any other :class:`ProtocolError` terminates the session with
@@ -17,8 +18,9 @@ The session is composed of parts, each owning one concern (as h2 composes
 ids, counts), :class:`Outbound` (what is queued to send, the connection send
 window, the scheduler, stalls), :class:`ReceiveCredit` (the connection receive
 window, the window new streams start from), :class:`Pings` (PINGs in flight,
-RTT samples), :class:`Inbound` (the frame handlers, what the peer told us) and
-the :class:`ErrorBudget`. The session runs the commands and the timers on them,
+RTT samples), :class:`ControlMessages` (CONTROL messages both ways, §5.14),
+:class:`Inbound` (the frame handlers, what the peer told us) and the
+:class:`ErrorBudget`. The session runs the commands and the timers on them,
 and ends the connection.
 """
 
@@ -33,9 +35,11 @@ from tunnel.mux.constants import (
     MAX_VERSION,
     MIN_VERSION,
     SETTING_DEFAULTS,
+    ControlStatus,
     ErrorCode,
     SettingId,
 )
+from tunnel.mux.control import ControlMessages
 from tunnel.mux.errors import (
     MetadataError,
     MuxError,
@@ -114,6 +118,7 @@ class Session:
         self._streams = self._table.streams
         self._pings = Pings(self._out, self.rtt)
         self._budget = ErrorBudget(config.error_budget, config.error_budget_refill_per_s, now)
+        self._control = ControlMessages(self._out, self._budget, config.max_frame_bytes, now)
         self._inbound = Inbound(
             config,
             client=client,
@@ -123,6 +128,7 @@ class Session:
             credit=self._credit,
             pings=self._pings,
             budget=self._budget,
+            control=self._control,
         )
         self._reader = FrameReader(max(config.max_frame_bytes, 4 + config.max_metadata_bytes))
         self._bytes_received = 0
@@ -267,6 +273,24 @@ class Session:
         may finish (PROTOCOL.md §6.6). Idempotent."""
         if not self.terminated:
             self._out.go_away(self._inbound.last_peer_id, error_code, reason)
+
+    def send_control(self, kind: int, body: bytes) -> int:
+        """Queue a CONTROL message (PROTOCOL.md §5.14); its message id, which
+        the peer's ACK names (:class:`ControlAcknowledged`). Allowed from the
+        peer's HELLO until the session ends, GOAWAY or not. A body above the
+        peer's MAX_FRAME_BYTES (less 6) raises :class:`ControlError`."""
+        if self.terminated:
+            raise SessionClosedError("session is over")
+        if not self._inbound.established:
+            raise SessionClosedError("session not established yet")
+        return self._control.send(kind, body)
+
+    def acknowledge_control(self, message_id: int, status: ControlStatus, reason: str = "") -> None:
+        """Answer the peer's CONTROL message ``message_id`` (a
+        :class:`ControlReceived`), exactly once; ``reason`` is cut to 256
+        octets. After the session ended, a no-op."""
+        if not self.terminated:
+            self._control.acknowledge(message_id, status, reason)
 
     def connection_lost(self, reason: str = "transport closed") -> list[Event]:
         """The transport is gone: every stream is reset, the session is over."""

@@ -68,8 +68,12 @@ class SessionConfig:
     ping_interval_s: float = 2.0
     """How often we PING to measure RTT and prove the peer alive."""
 
-    ping_timeout_s: float = 6.0
-    """With nothing received for this long, the peer is declared dead."""
+    ping_timeout_s: float = 10.0
+    """With nothing received for this long, the peer is declared dead. 10 s
+    fits the long links the tunnel is for: at 265 ms TCP's retransmission
+    timeout is ~0.5 s and doubles on each consecutive loss, so a shorter
+    deadline can kill a connection TCP was about to recover from a burst of
+    loss; four back-to-back timeouts fit in 10 s."""
 
     stall_timeout_s: float = 60.0
     """A stream with data to send and no send window for this long is reset
