@@ -21,7 +21,8 @@ stand-ins' own calls included, a few per request; compiled functions are not
 counted), and with ``--instructions`` the machine instructions per request
 (valgrind's callgrind, the difference of two runs of different lengths: a
 figure that does not move with the load of a shared machine, as CPU time
-does).
+does; it counts the whole round, so for ``h2`` it includes the ``h2``
+client's own work, the same in both builds).
 """
 
 from __future__ import annotations
