@@ -95,6 +95,7 @@ def build_wheel(version: str, work: Path) -> Path:
     )
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     [wheel] = out.glob("geoedge-*.whl")
+    assert wheel.name.endswith("-py3-none-any.whl"), wheel.name  # GEOEDGE_NO_EXTENSIONS=1
     return wheel
 
 
