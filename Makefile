@@ -15,7 +15,7 @@ NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
 LOCK := deploy/requirements.lock
 
-.PHONY: venv node tools test test-long test-platforms mutation lint lock docs demo dist bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor wan drill restart-test apt-base soak clean
+.PHONY: venv node tools test test-long test-platforms mutation lint lock docs demo dist cache-tests bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor wan drill restart-test apt-base soak clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy), the WAN emulator (iptables, libnetfilter-queue), the
@@ -27,7 +27,7 @@ LOCK := deploy/requirements.lock
 # bench-edge-logic ARGS=--instructions).
 APT_PACKAGES := haproxy wrk iptables iproute2 libnetfilter-queue-dev gcc python3-dev \
 	systemd wireguard-go wireguard-tools curl nghttp2-client prometheus chromium cloud-init \
-	valgrind
+	valgrind nginx-light
 
 # Redone when this file changes (the package list may have grown); cheap when
 # everything is there already.
@@ -99,7 +99,21 @@ $(TOOLS)/pebble:
 	    || echo "pebble could not be built: the ACME tests cannot run"; \
 	else echo "no Go toolchain: the ACME tests cannot run"; fi
 	@touch $@.tried
-tools: $(TOOLS)/h2spec $(TOOLS)/pebble
+# http-tests/cache-tests (npm http-cache-tests, pinned in loadtests/cache_tests.py):
+# the cache's conformance suite, which `make test` runs through the chain.
+# (Defined before `tools`: make expands a prerequisite list as it reads it.)
+CACHE_TESTS_VERSION := 0.4.5
+$(TOOLS)/cache-tests/.stamp-$(CACHE_TESTS_VERSION): | $(STAMPS)/apt-base
+	@mkdir -p $(TOOLS)/cache-tests
+	npm install --prefix $(TOOLS)/cache-tests --no-audit --no-fund --loglevel=error \
+	  http-cache-tests@$(CACHE_TESTS_VERSION)
+	@touch $@
+
+tools: $(TOOLS)/h2spec $(TOOLS)/pebble $(TOOLS)/cache-tests/.stamp-$(CACHE_TESTS_VERSION)
+
+# The cache's conformance score through the chain (docs/cache.md).
+cache-tests: venv node tools
+	$(PY) -m loadtests.cache_tests
 
 # The lock file every install uses (geoedge.release, cloud-init, CloudFormation,
 # this venv): the runtime dependencies of pyproject.toml resolved for every

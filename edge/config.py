@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from edge.cache.config import CacheConfig, CompressionConfig
 from edge.http1 import HttpLimits
 from geoedge.logs import parse_level
 from tunnel.aio.transport import TunnelDialConfig, parse_host_port
@@ -330,6 +331,8 @@ class EdgeConfig:
     tunnel: SessionConfig = field(default_factory=SessionConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     acme: AcmeConfig = field(default_factory=AcmeConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
 
     def __post_init__(self) -> None:
         if not self.origins:

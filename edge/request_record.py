@@ -56,6 +56,9 @@ class RequestRecord:
     """A WebSocket's: the status code of the first Close frame (1005: none)."""
     ws_closed_by: str | None = None
     """Who sent that Close first: ``client``, ``backend`` or ``edge`` (a drain)."""
+    cache: str = ""
+    """What the edge's cache did (edge.cache): hit, stale, miss, revalidated,
+    stale-error, collapsed, pass, bypass; empty when it was not asked."""
 
     @property
     def answered(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from edge.acme_status import HeldCertificates
 from edge.config import EdgeConfig
 from geoedge.cert_expiry import CertificateWatch, certificates_table
 from geoedge.status_page import Cell, Row, StatusPage, Table, cell
@@ -29,6 +30,8 @@ class EdgeStatus:
     window: MetricsWindow
     supervisor: Callable[[], SupervisorStatistics]
     certificates: CertificateWatch | None = None
+    #: The ACME certificates the edge holds ([acme] enabled), for their table.
+    acme: HeldCertificates | None = None
 
     def sample(self) -> None:
         self.window.sample()
@@ -51,9 +54,42 @@ class EdgeStatus:
         return StatusPage(
             f"geoedge edge {self.config.edge.id}",
             facts,
-            [self._tunnels(), self._phases(), self._errors(), self._workers()]
-            + ([certificates_table(self.certificates)] if self.certificates else []),
+            [
+                self._tunnels(),
+                *([self._cache()] if self.config.cache.enabled else []),
+                self._phases(),
+                self._errors(),
+                self._workers(),
+            ]
+            + ([certificates_table(self.certificates)] if self.certificates else [])
+            + ([self.acme.table()] if self.acme is not None else []),
         )
+
+    def _cache(self) -> Table:
+        """What the cache did in the window and holds now (edge.cache; all workers)."""
+        w = self.window
+        events = {k[0]: v for k, v in w.rate("geoedge_edge_cache_events_total", ("event",)).items()}
+        served = w.rate("geoedge_edge_cache_served_bytes_total", ()).get((), 0.0)
+        entries = w.gauge("geoedge_edge_cache_entries", ()).get((), 0.0)
+        held = w.gauge("geoedge_edge_cache_bytes", ()).get((), 0.0)
+        limit = w.gauge("geoedge_edge_cache_max_bytes", ()).get((), 0.0)
+        hits, misses = events.get("hit", 0.0), events.get("miss", 0.0)
+        ratio = hits / (hits + misses) if hits + misses else None
+        memory = f"{entries:.0f} responses, {held / 2**20:.1f} of {limit / 2**20:.0f} MiB"
+        lines = [
+            ("hit ratio", cell(ratio, "%"), "hits / (hits + misses)"),
+            ("hits", cell(hits, "/s"), "served from the edge, stale ones too"),
+            ("misses", cell(misses, "/s"), "went to the origin (revalidations too)"),
+            ("stale served", cell(events.get("stale"), "/s"), "stale-while-revalidate, -if-error"),
+            ("revalidated", cell(events.get("revalidated"), "/s"), "304s that freshened one"),
+            ("collapsed", cell(events.get("collapsed"), "/s"), "waited for a fetch in flight"),
+            ("evicted", cell(events.get("evicted"), "/s", warn=1.0), "the byte limit made room"),
+            ("purged", cell(events.get("purged"), "/s"), "by the admin API or an origin"),
+            ("served from the cache", Cell(f"{served / 1e6:.2f} MB/s"), "response bodies"),
+            ("held", Cell(memory), "all workers; each has its own cache"),
+        ]
+        rows = [Row([Cell(what), value, Cell(meaning)]) for what, value, meaning in lines]
+        return Table("Cache (last minute)", ["what", "value", "meaning"], rows)
 
     def _tunnels(self) -> Table:
         w = self.window

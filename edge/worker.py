@@ -33,6 +33,8 @@ from typing import Any
 
 from edge.acme_responder import AcmeResponder
 from edge.admission import ConnectionAdmission, RequestRate
+from edge.cache import EdgeCache
+from edge.cache.allocator import bound_large_blocks
 from edge.config import EdgeConfig, ListenerConfig
 from edge.deadlines import Deadlines
 from edge.exchange import RequestRecord
@@ -45,6 +47,7 @@ from edge.origins import OriginSet
 from edge.services import ClientConnection, ClientFacts
 from edge.tls import CertificateStore
 from geoedge.acme_wire import ACME_CERTIFICATE_SET, ACME_KINDS
+from geoedge.cache_purge import PurgeError, parse_purge
 from geoedge.logs import AccessLog, LogThrottle
 from geoedge.metrics import ProcessMetrics, Tally
 from geoedge.workers import resolve_worker_count, worker_share
@@ -123,6 +126,19 @@ class EdgeWorker:
         if self.acme is not None:
             for kind in ACME_KINDS:
                 self.control_handlers.add(kind, functools.partial(self._on_acme, kind))
+        self.cache: EdgeCache | None = None
+        self._cache_seen: dict[str, int] = {}
+        self._cache_bytes_seen = 0
+        if config.cache.enabled:
+            bound_large_blocks()
+        if config.cache.enabled or config.compression.enabled:
+            self.cache = EdgeCache(
+                config.cache,
+                config.compression,
+                config.edge.id,
+                response_timeout_s=http.response_timeout_s,
+            )
+        self.control_handlers.add(ControlKind.CACHE_PURGE, self.purge_from_origin)
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -250,6 +266,9 @@ class EdgeWorker:
             self._sweep_connections(time.monotonic())
             self._export_tunnel_metrics()
             self._export_acme()
+            self._export_cache_metrics()
+            if self.cache is not None:
+                self.cache.apply_shared_invalidations()
 
     def _sweep_connections(self, now: float) -> None:
         # Not inline in _sweep: its loop variable would keep the last connection
@@ -288,6 +307,62 @@ class EdgeWorker:
             if stats.srtt_s is not None:
                 self.metrics.tunnel_srtt.labels(stats.name).set(stats.srtt_s)
                 self.tally.observe(self.metrics.tunnel_rtt_seconds, (stats.name,), stats.srtt_s)
+
+    def _export_cache_metrics(self) -> None:
+        cache = self.cache
+        if cache is None or not cache.enabled:
+            return
+        counters, store = cache.counters, cache.store
+        now = {
+            "hit": counters.hits,
+            "miss": counters.misses,
+            "stale": counters.stale_served,
+            "revalidated": counters.revalidated,
+            "stored": counters.stored,
+            "collapsed": counters.collapsed_waits,
+            "pass": counters.passes,
+            "evicted": store.evictions,
+            "purged": counters.purged,
+            "shared": counters.shared,
+        }
+        seen = self._cache_seen
+        for event, value in now.items():
+            if value > seen.get(event, 0):
+                self.metrics.cache_events.labels(event).inc(value - seen.get(event, 0))
+        self._cache_seen = now
+        served = counters.bytes_served - self._cache_bytes_seen
+        if served > 0:
+            self.metrics.cache_bytes_served.inc(served)
+            self._cache_bytes_seen = counters.bytes_served
+        self.metrics.cache_entries.set(len(store))
+        self.metrics.cache_bytes.set(store.bytes_held)
+        self.metrics.cache_max_bytes.set(store.max_bytes)
+
+    def purge_from_origin(self, body: bytes) -> ControlReply:
+        """CACHE_PURGE from an origin (PROTOCOL.md §5.14): drop what it names."""
+        if self.cache is None or not self.cache.enabled:
+            return ControlReply(ControlStatus.REFUSED, "the cache is off on this edge")
+        try:
+            purge = parse_purge(body)
+        except PurgeError as exc:
+            return ControlReply(ControlStatus.REFUSED, str(exc)[:200])
+        count = self.cache.purge(purge.kind, purge.values)
+        log.info("cache purge from an origin, %s: %d entries", purge.kind, count)
+        return ControlReply(ControlStatus.APPLIED, f"purged {count} in worker {self._pid}")
+
+    def on_control(self, message: dict[str, Any]) -> None:
+        """A message from the parent (:func:`geoedge.workers.listen_control`)."""
+        log.warning("unknown control message %r", message.get("op"))
+
+    async def on_request(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A request from the parent that wants an answer (the admin API's purge)."""
+        if message.get("op") != "cache_purge":
+            raise ValueError(f"unknown request {message.get('op')!r}")
+        purge = parse_purge(message["purge"])
+        count = self.cache.purge(purge.kind, purge.values) if self.cache is not None else 0
+        log.info("cache purge %s %s: %d entries", purge.kind, ", ".join(purge.values), count)
+        self._export_cache_metrics()
+        return {"purged": count}
 
     # -- edge.services.EdgeServices ------------------------------------------------------
 
@@ -372,6 +447,8 @@ class EdgeWorker:
         if self.access_log is None:
             return
         extra: dict[str, Any] = {"reason": record.reason} if record.reason else {}
+        if record.cache:
+            extra["cache"] = record.cache
         if protocol == "ws":
             extra["ws_close_code"] = record.ws_close_code
             extra["ws_closed_by"] = record.ws_closed_by

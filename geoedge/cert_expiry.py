@@ -16,9 +16,9 @@ which the alert rules in deploy/monitoring/alerts.yml compute), where
   both, and both are listed);
 - ``name`` is the certificate's geoedge identity (``edge/tokyo-1``), else
   its first DNS name, else its common name;
-- ``source`` is where it came from: the file's path. Certificates that
-  another part issues (ACME) use the same metric with their own source
-  (``acme``), so one alert covers them all.
+- ``source`` is where it came from: the file's path, or ``acme:<id>`` for
+  a certificate the origin's ACME client issued (the edge's store,
+  :mod:`edge.acme_status`, given as ``extra``), so one alert covers them all.
 
 Files are read when scraped, and parsed again only when their size or
 modification time changed: a renewed certificate shows at the next scrape,
@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,13 +49,16 @@ __all__ = [
     "CertificateWatch",
     "WatchedFile",
     "certificates_table",
+    "expiry_cells",
     "tunnel_files",
+    "utc",
 ]
 
 log = logging.getLogger("geoedge.certificates")
 
 METRIC = "geoedge_certificate_expiry_timestamp_seconds"
-#: Days left below which the status page shows a certificate as a warning, and as bad.
+#: Days left below which the status page shows a certificate as a warning, and as bad
+#: (ACME renews at 30 days left of 90: below 21, renewal has been failing for 9 days).
 WARN_DAYS = 21.0
 BAD_DAYS = 7.0
 
@@ -84,8 +87,14 @@ class CertificateExpiry:
 class CertificateWatch(Collector):
     """The certificates of ``files``, as the metric and for the status page."""
 
-    def __init__(self, files: Iterable[WatchedFile]) -> None:
+    def __init__(
+        self,
+        files: Iterable[WatchedFile],
+        extra: Callable[[], Iterable[CertificateExpiry]] | None = None,
+    ) -> None:
+        """``extra``: certificates that are not files the config names (ACME's)."""
         self.files = tuple(dict.fromkeys(files))  # in order, each once
+        self._extra = extra
         self._cache: dict[WatchedFile, tuple[tuple[int, int], list[CertificateExpiry]]] = {}
         self._failed: dict[Path, str] = {}
 
@@ -93,6 +102,8 @@ class CertificateWatch(Collector):
         found: list[CertificateExpiry] = []
         for watched in self.files:
             found += self._read(watched)
+        if self._extra is not None:
+            found += self._extra()
         return found
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -169,21 +180,8 @@ def certificates_table(watch: CertificateWatch, now: float | None = None) -> Tab
     now = time.time() if now is None else now
     rows = []
     for cert in sorted(watch.certificates(), key=lambda c: c.not_after):
-        days = cert.days_left(now)
-        tone = "bad" if days < BAD_DAYS else "warn" if days < WARN_DAYS else "ok"
-        expires = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(cert.not_after))
-        left = "expired" if days < 0 else f"{days:.0f} days" if days >= 2 else f"{days:.1f} days"
-        rows.append(
-            Row(
-                [
-                    Cell(cert.role),
-                    Cell(cert.name),
-                    Cell(cert.source),
-                    Cell(expires),
-                    Cell(left, tone),
-                ]
-            )
-        )
+        expires, left = expiry_cells(cert.not_after, now)
+        rows.append(Row([Cell(cert.role), Cell(cert.name), Cell(cert.source), expires, left]))
     return Table(
         "Certificates",
         ["role", "name", "source", "expires", "left"],
@@ -191,3 +189,16 @@ def certificates_table(watch: CertificateWatch, now: float | None = None) -> Tab
         note=f"Warning below {WARN_DAYS:.0f} days, bad below {BAD_DAYS:.0f}; the alert"
         " GeoedgeCertificateExpiresSoon fires below 14 (deploy/monitoring/alerts.yml).",
     )
+
+
+def expiry_cells(not_after: float, now: float) -> tuple[Cell, Cell]:
+    """A certificate's end (UTC) and the time it has left, toned by how little."""
+    days = (not_after - now) / 86400
+    left = "expired" if days < 0 else f"{days:.0f} days" if days >= 2 else f"{days:.1f} days"
+    tone = "bad" if days < BAD_DAYS else "warn" if days < WARN_DAYS else "ok"
+    return Cell(utc(not_after)), Cell(left, tone)
+
+
+def utc(timestamp: float) -> str:
+    """A Unix time as the status pages show it."""
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(timestamp))

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from geoedge import assets, host_init, pki, release, wireguard
+from geoedge import acme_cli, assets, host_init, pki, release, wireguard
 from geoedge.version import add_version_option, version_line
 
 __all__ = ["build_parser", "main"]
@@ -50,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wireguard.WireguardToolingError,
         host_init.InitError,
         assets.AssetsError,
+        acme_cli.AcmeCliError,
     ) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_wireguard(commands)
     _add_init(commands)
     _add_config(commands)
+    acme_cli.add_acme(commands)
     # Listed for --help only: main() hands "demo ..." to the demo before parsing.
     commands.add_parser("demo", help="run origin, edge and sample Node.js backends on localhost")
     commands.add_parser(
@@ -310,6 +312,11 @@ def _add_init(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="a name users connect to (repeat; default app.example.com)",
     )
     edge.add_argument("--nlb-cidr", help="behind an NLB with PROXY v2: the VPC CIDR")
+    edge.add_argument(
+        "--acme",
+        action="store_true",
+        help="take the certificates users see from the origin's ACME client (docs/acme.md)",
+    )
     edge.set_defaults(handler=_init_edge)
 
     origin = sub.add_parser("origin", parents=[common, roles], help="an origin host")
@@ -326,6 +333,24 @@ def _add_init(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     origin.add_argument(
         "--name", action="append", dest="names", help="a host name the pool serves (repeat)"
+    )
+    origin.add_argument(
+        "--acme-domain",
+        action="append",
+        dest="acme_domains",
+        metavar="NAME",
+        help="keep a certificate for NAME issued for every edge by ACME (repeat; docs/acme.md)",
+    )
+    origin.add_argument(
+        "--acme-contact", action="append", metavar="EMAIL", help="the ACME account's contact"
+    )
+    origin.add_argument(
+        "--acme-agree-terms", action="store_true", help="you agree to the CA's terms of service"
+    )
+    origin.add_argument(
+        "--acme-production",
+        action="store_true",
+        help="Let's Encrypt's production CA (default: its staging CA)",
     )
     origin.set_defaults(handler=_init_origin)
 
@@ -353,6 +378,7 @@ def _init_edge(args: argparse.Namespace) -> int:
         origins=tuple(args.origins or defaults.origins),
         names=tuple(args.names or defaults.names),
         nlb_cidr=args.nlb_cidr,
+        acme=args.acme,
         etc_dir=args.etc,
         wheel_url=args.wheel_url,
     )
@@ -366,6 +392,10 @@ def _init_origin(args: argparse.Namespace) -> int:
         edges=tuple(args.edges or defaults.edges),
         backends=tuple(args.backends or defaults.backends),
         names=tuple(args.names or ()),
+        acme_domains=tuple(args.acme_domains or ()),
+        acme_contact=tuple(args.acme_contact or ()),
+        acme_agree_terms=args.acme_agree_terms,
+        acme_production=args.acme_production,
         etc_dir=args.etc,
         wheel_url=args.wheel_url,
     )

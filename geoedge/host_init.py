@@ -110,6 +110,9 @@ class EdgeChoices:
     """The names users connect to (SNI of the server certificate)."""
     nlb_cidr: str | None = None
     """Behind an NLB sending PROXY v2: the VPC CIDR its nodes come from."""
+    acme: bool = False
+    """The certificates users see come from the origin's ACME client ([acme]
+    enabled, no certificate files); else from files in ``etc_dir``/tls."""
     etc_dir: Path = DEFAULT_ETC
     wheel_url: str | None = None
 
@@ -124,6 +127,13 @@ class OriginChoices:
     names: tuple[str, ...] = ()
     """Host names the pool serves; empty: it is the default pool for every name."""
     tunnel_address: str = "0.0.0.0:7443"
+    acme_domains: tuple[str, ...] = ()
+    """ACME ([acme], docs/acme.md): the names of one certificate the origin keeps
+    issued for every edge; empty: no [acme]. A wildcard adds DNS-01 by Route 53."""
+    acme_contact: tuple[str, ...] = ()
+    acme_agree_terms: bool = False
+    acme_production: bool = False
+    """Let's Encrypt's production CA; else its staging CA (start there)."""
     etc_dir: Path = DEFAULT_ETC
     wheel_url: str | None = None
 
@@ -233,18 +243,24 @@ def edge_config_mapping(choices: EdgeChoices) -> dict[str, Any]:
         "edge": {"id": choices.edge_id, "access_log": "/var/log/geoedge/access.log"},
         "listeners": [listener],
         "redirect": {"address": "0.0.0.0:80"},
-        "tls": {
-            "certificates": [
-                {
-                    "cert": str(etc / "tls" / "app-ecdsa.pem"),
-                    "key": str(etc / "tls" / "app-ecdsa-key.pem"),
-                    "names": list(choices.names),
-                }
-            ]
-        },
+        **_server_certificates(choices),
         "origins": origins,
         "tunnel": dict(LONG_LINK_TUNNEL),
     }
+
+
+def _server_certificates(choices: EdgeChoices) -> dict[str, Any]:
+    """Files (the default), or ACME's: files take precedence for their names, so
+    an ACME edge is one with none."""
+    if choices.acme:
+        return {"tls": {}, "acme": {"enabled": True}}
+    etc = choices.etc_dir
+    certificate = {
+        "cert": str(etc / "tls" / "app-ecdsa.pem"),
+        "key": str(etc / "tls" / "app-ecdsa-key.pem"),
+        "names": list(choices.names),
+    }
+    return {"tls": {"certificates": [certificate]}}
 
 
 def edge_files(choices: EdgeChoices) -> list[HostFile]:
@@ -257,7 +273,10 @@ def edge_files(choices: EdgeChoices) -> list[HostFile]:
         [
             f"{etc}/pki/ca.pem, edge-{edge_id}.pem, edge-{edge_id}-key.pem: its tunnel "
             f"certificate (geoedge pki peer --role edge --id {edge_id})",
-            f"{etc}/tls/app-ecdsa.pem, app-ecdsa-key.pem: the server certificate users "
+            "the server certificates users see: from the origin's ACME client ([acme] "
+            "on the origin, docs/acme.md), kept in /var/lib/geoedge/edge-acme"
+            if choices.acme
+            else f"{etc}/tls/app-ecdsa.pem, app-ecdsa-key.pem: the server certificate users "
             f"see, for {', '.join(choices.names)} (a public CA, or geoedge pki server)",
         ],
     )
@@ -299,7 +318,28 @@ def origin_config_mapping(choices: OriginChoices) -> dict[str, Any]:
         "origin": {"id": choices.origin_id, "access_log": "/var/log/geoedge/origin-access.log"},
         "tunnel": dict(LONG_LINK_TUNNEL),
         "pools": [pool],
+        **_acme(choices),
     }
+
+
+def _acme(choices: OriginChoices) -> dict[str, Any]:
+    """``[acme]`` for ``--acme-domain``: one certificate ("app") for those names."""
+    if not choices.acme_domains:
+        return {}
+    if not choices.acme_agree_terms:
+        raise InitError(
+            "--acme-domain needs --acme-agree-terms: you agree to the CA's terms of service"
+            " (Let's Encrypt's: https://letsencrypt.org/repository/)"
+        )
+    acme: dict[str, Any] = {
+        "staging": not choices.acme_production,
+        "contact": [c if c.startswith("mailto:") else f"mailto:{c}" for c in choices.acme_contact],
+        "agree_to_terms": True,
+        "certificates": [{"id": "app", "domains": list(choices.acme_domains)}],
+    }
+    if any(name.startswith("*.") for name in choices.acme_domains):
+        acme["dns"] = {"provider": "route53"}
+    return {"acme": acme}
 
 
 def origin_files(choices: OriginChoices) -> list[HostFile]:
@@ -312,6 +352,15 @@ def origin_files(choices: OriginChoices) -> list[HostFile]:
             f"{etc}/pki/ca.pem, origin.pem, origin-key.pem: its tunnel certificate "
             f"(geoedge pki peer --role origin --id {choices.origin_id} --dns <its name> "
             "--out origin)",
+            *(
+                [
+                    "[acme]: edges with [acme] enabled (geoedge init edge --acme) on ports 80 "
+                    "and 443 of the names; for a wildcard, Route 53 rights for this host's "
+                    "role (docs/acme.md)"
+                ]
+                if choices.acme_domains
+                else []
+            ),
         ],
     )
     config = _render("origin", origin_config_mapping(choices), header)

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import base64
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from geoedge.acme_wire import encode
+from geoedge.cert_expiry import expiry_cells, utc
+from geoedge.status_page import Cell, Row, Table
 from origin.acme.broadcast import EdgeReply
 from origin.acme.config import AcmeConfig
 from origin.acme.manager import AcmeManager
@@ -27,6 +30,10 @@ from origin.metrics import ControlMetrics
 __all__ = ["AcmeService"]
 
 log = logging.getLogger("geoedge.origin.acme")
+
+#: Failed attempts in a row from which GeoedgeAcmeRenewalFailing fires (after an
+#: hour) and the status page shows the error as bad (deploy/monitoring/alerts.yml).
+ALERT_FAILURES = 3
 
 Messages = list[tuple[int, bytes]]
 
@@ -80,6 +87,63 @@ class AcmeService:
                 counts[status] = counts.get(status, 0) + 1
             for status in ("applied", "refused", "unknown_kind", "timeout", "lost", "not_sent"):
                 m.acme_edges.labels(cid, status).set(counts.get(status, 0))
+
+    # -- status page -------------------------------------------------------------------
+
+    def table(self, now: float | None = None) -> Table:
+        """The origin's status page rows: each configured certificate, when it
+        expires, when it is due, what the edges said, and the last error."""
+        now = time.time() if now is None else now
+        rows = []
+        for state in self.manager.states.values():
+            issued = state.issued
+            if issued is None:
+                expires, left = Cell("not issued yet", "warn"), Cell("-")
+            else:
+                expires, left = expiry_cells(issued.not_after, now)
+            edges = state.edges
+            applied = sum(status == "applied" for status in edges.values())
+            if state.last_error:
+                error = Cell(
+                    f"{state.failures} failed; next try {utc(state.next_try)}: {state.last_error}",
+                    "bad" if state.failures >= ALERT_FAILURES else "warn",
+                )
+            else:
+                error = Cell("")
+            rows.append(
+                Row(
+                    [
+                        Cell(state.spec.id),
+                        Cell(", ".join(state.spec.domains)),
+                        expires,
+                        left,
+                        Cell("now" if state.renew_at is None else utc(state.renew_at)),
+                        Cell(
+                            f"{applied}/{len(edges)}" if edges else "-",
+                            "" if applied == len(edges) else "warn",
+                        ),
+                        Cell(state.ocsp_note or "-", "ok" if state.ocsp is not None else ""),
+                        error,
+                    ]
+                )
+            )
+        return Table(
+            "ACME certificates",
+            [
+                "id",
+                "names",
+                "expires",
+                "left",
+                "renewal due",
+                "edges applied",
+                "OCSP staple",
+                "last error",
+            ],
+            rows,
+            note=f"CA: {self.manager.config.directory}. Edges applied: of the edges connected"
+            " when the certificate was last sent (an edge that connects later gets it at once)."
+            " geoedge acme renew --force renews now.",
+        )
 
     # -- admin ---------------------------------------------------------------------------
 

@@ -70,6 +70,7 @@ from geoedge.status_window import MetricsWindow
 from geoedge.systemd import ServiceNotifier, listen_sockets
 from geoedge.version import version_line
 from geoedge.workers import Supervisor, WorkerContext, listen_control
+from origin import cache_purge
 from origin.acme_service import AcmeService, encode_for_pipe
 from origin.admission import TlsAudit
 from origin.config import OriginConfig, load_origin_config
@@ -186,6 +187,7 @@ class OriginDaemon:
             self.control,
             self._worker_counts,
             certificates,
+            acme=self.acme.table if self.acme is not None else None,
         )
         self.admin = AdminServer(
             config.admin.address,
@@ -406,6 +408,7 @@ class OriginDaemon:
             web.post("/backends/{pool}/{address}/drain", self._drain),
             web.post("/backends/{pool}/{address}/undrain", self._drain),
             *(self.edge_control.routes() if self.edge_control is not None else ()),
+            *cache_purge.routes(self.broadcast_control),
             *(self.acme.routes() if self.acme is not None else ()),
         ]
 

@@ -32,6 +32,8 @@ class OriginStatus:
     #: (workers running, workers wanted, draining)
     workers: Callable[[], tuple[int, int, bool]]
     certificates: CertificateWatch | None = None
+    #: The ACME certificates' table ([acme] configured).
+    acme: Callable[[], Table] | None = None
 
     def sample(self) -> None:
         self.window.sample()
@@ -55,7 +57,8 @@ class OriginStatus:
             f"geoedge origin {self.origin_id}",
             facts,
             [self._edges(), self._backends(), self._failures(), workers_table(w, "origin")]
-            + ([certificates_table(self.certificates)] if self.certificates else []),
+            + ([certificates_table(self.certificates)] if self.certificates else [])
+            + ([self.acme()] if self.acme is not None else []),
         )
 
     def _edges(self) -> Table:

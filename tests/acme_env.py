@@ -14,6 +14,8 @@ checks an issued chain trusts.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import http.server
 import json
 import os
 import shutil
@@ -28,6 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509 import ocsp
 
 from tests.conftest import PkiFiles, scaled
 from tests.edge_env import Processes, wait_port
@@ -115,9 +121,11 @@ class Pebble:
 
 @contextlib.contextmanager
 def pebble(
-    test_pki: PkiFiles, tmp: Path, *, http_port: int = 0, tls_port: int = 0
+    test_pki: PkiFiles, tmp: Path, *, http_port: int = 0, tls_port: int = 0, ocsp_url: str = ""
 ) -> Iterator[Pebble]:
-    """Pebble and challtestsrv, each on free ports, stopped by PID at the end."""
+    """Pebble and challtestsrv, each on free ports, stopped by PID at the end.
+    ``ocsp_url``: the OCSP responder Pebble names in the certificates it issues
+    (it runs none itself: :class:`OcspResponder`)."""
     pebble_bin, challtestsrv_bin = tool("pebble"), tool("pebble-challtestsrv")
     procs = Processes()
     acme_port, management_port = free_port(), free_port()
@@ -130,10 +138,11 @@ def pebble(
             "privateKey": str(test_pki.server.key),
             "httpPort": http_port or free_port(),
             "tlsPort": tls_port or free_port(),
-            "ocspResponderURL": "",
+            "ocspResponderURL": ocsp_url,
             "externalAccountBindingRequired": False,
             "retryAfter": {"authz": 1, "order": 1},
-            "keyAlgorithm": "ecdsa",
+            # Pebble hands out its intermediate's key (for OcspResponder) for RSA only.
+            "keyAlgorithm": "rsa" if ocsp_url else "ecdsa",
             "profiles": {"default": {"description": "90 days", "validityPeriod": 7776000}},
         }
     }
@@ -239,3 +248,68 @@ class Outage:
     def close(self) -> None:
         self._closed = True
         self._listener.close()
+
+
+class OcspResponder:
+    """An OCSP responder for the certificates Pebble issues (Pebble names one
+    in them when told to, but runs none): answers each POSTed request
+    (RFC 6960) about the serial it names with ``status``, signed with Pebble's
+    intermediate key (from its management API), valid for a day. Counts the
+    requests it answered."""
+
+    def __init__(self, ca: Pebble, port: int) -> None:
+        tls = ca._tls()
+        base = f"https://127.0.0.1:{ca.management_port}"
+        with urllib.request.urlopen(f"{base}/intermediates/0", context=tls, timeout=10) as r:
+            self._issuer = x509.load_pem_x509_certificate(r.read())
+        with urllib.request.urlopen(f"{base}/intermediate-keys/0", context=tls, timeout=10) as r:
+            key = serialization.load_pem_private_key(r.read(), password=None)
+        assert isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey)
+        self._key = key
+        self.status = ocsp.OCSPCertStatus.GOOD
+        self.answered = 0
+        responder = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                der = responder.answer(ocsp.load_der_ocsp_request(body))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/ocsp-response")
+                self.send_header("Content-Length", str(len(der)))
+                self.end_headers()
+                self.wfile.write(der)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.url = f"http://127.0.0.1:{port}/"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def answer(self, request: ocsp.OCSPRequest) -> bytes:
+        now = datetime.datetime.now(datetime.UTC)
+        revoked = self.status == ocsp.OCSPCertStatus.REVOKED
+        builder = (
+            ocsp.OCSPResponseBuilder()
+            .add_response_by_hash(
+                request.issuer_name_hash,
+                request.issuer_key_hash,
+                request.serial_number,
+                request.hash_algorithm,
+                self.status,
+                now - datetime.timedelta(minutes=1),
+                now + datetime.timedelta(days=1),
+                now - datetime.timedelta(minutes=5) if revoked else None,
+                x509.ReasonFlags.key_compromise if revoked else None,
+            )
+            .responder_id(ocsp.OCSPResponderEncoding.HASH, self._issuer)
+        )
+        self.answered += 1
+        response = builder.sign(self._key, hashes.SHA256())
+        return response.public_bytes(serialization.Encoding.DER)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

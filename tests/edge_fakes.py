@@ -137,6 +137,7 @@ class FakeServices:
     http: HttpConfig = field(default_factory=HttpConfig)
     http_limits: HttpLimits = field(default_factory=HttpLimits)
     tunnel_wait_s: float = 5.0
+    cache: Any = None  # edge.cache.EdgeCache, or None: neither cache nor compression
     hsts_field: bytes | None = None
     redirect: RedirectListenerConfig | None = None
     request_rate: RequestRate = field(default_factory=lambda: RequestRate(0.0, 1))

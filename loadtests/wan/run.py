@@ -238,6 +238,21 @@ class Runner:
         self.first_bursts()
         say("1% loss on the long link")
         self.lossy()
+        say("pages from the edge's cache")
+        self.cached_pages()
+
+    def cached_pages(self) -> None:
+        """A page another user loaded (one untimed load first), and the same page
+        stale under stale-while-revalidate (max-age=1: 1.5 s after each load)."""
+        pages = self.plan.pages
+        for scenario in SCENARIOS:
+            for key in ("page30_cached_tls13", "page30_swr_tls13"):
+                m = MEASUREMENTS[key]
+                self.batch(scenario, "page", tls=m.tls, path=m.path, alpn=m.alpn, count=1)
+            self.measure(scenario, "page30_cached_tls13", "page", "total_ms", count=pages)
+            for _ in range(pages):
+                time.sleep(1.5)
+                self.measure(scenario, "page30_swr_tls13", "page", "total_ms", count=1)
 
 
 def _one_way_delays(stack: Stack) -> dict[tuple[str, str], float]:

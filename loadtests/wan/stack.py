@@ -82,7 +82,9 @@ class Stack:
         self.edge_workers = edge_workers
         self.origin_workers = origin_workers
         self.wan = WanEmulator(
-            congctl="cubic", sysctls={"edge": daemon_sysctls, "origin": daemon_sysctls}
+            congctl="cubic",
+            sysctls={"edge": daemon_sysctls, "origin": daemon_sysctls},
+            tag=os.environ.get("GEOEDGE_WAN_TAG"),  # e.g. a branch's own namespace names
         )
         self.procs: dict[str, subprocess.Popen[Any]] = {}
         self._log_files: list[IO[bytes]] = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-__all__ = ["Broadcaster", "EdgeReply", "confirmed_edges", "summary"]
+__all__ = ["Broadcaster", "EdgeReply", "by_edge", "confirmed_edges", "summary"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,3 +51,12 @@ def summary(replies: Iterable[EdgeReply]) -> str:
         }
     )
     return "; ".join(problems)
+
+
+def by_edge(replies: Iterable[EdgeReply]) -> dict[str, str]:
+    """Each edge's worst answer (one connection that failed makes it fail)."""
+    edges: dict[str, str] = {}
+    for reply in replies:
+        if edges.get(reply.edge, "applied") == "applied":
+            edges[reply.edge] = reply.status
+    return edges

@@ -66,7 +66,7 @@ class DnsConfig:
 
     provider: Literal["route53", "challtestsrv"] = "route53"
     """``route53`` (boto3, the instance's IAM role: route53:ChangeResourceRecordSets,
-    route53:GetChange, route53:ListHostedZonesByName), or ``challtestsrv``
+    route53:GetChange, route53:ListHostedZones), or ``challtestsrv``
     (Pebble's test DNS server, for trying the whole flow locally)."""
     route53_hosted_zone_id: str = ""
     """The hosted zone holding the names; empty: the longest zone matching each name."""
@@ -118,6 +118,11 @@ class AcmeConfig:
     """A failed attempt is retried after a random delay in [0, base * 2^n],
     capped by retry_cap_s (full jitter)."""
     retry_cap_s: float = 3600.0
+    ocsp_stapling: bool = True
+    """Fetch the OCSP response of each certificate that names a responder and
+    have every edge staple it (refreshed halfway through its validity). Let's
+    Encrypt ended OCSP in 2025: its certificates name no responder, so
+    nothing is fetched for them."""
     edge_ack_timeout_s: float = 10.0
     """How long to wait for the edges to confirm a challenge or a certificate."""
     validation_timeout_s: float = 120.0

@@ -6,7 +6,10 @@
   beside it holds the account's URL.
 - ``certificates/<id>.pem``: each issued certificate, chain then key, 0600
   (the format the edges store too), so a restarted origin sends the edges
-  what it has instead of issuing again.
+  what it has instead of issuing again; ``certificates/<id>.json`` the ACME
+  directory it came from (a certificate from staging is replaced at once
+  when the config names production); ``certificates/<id>.ocsp`` its
+  current OCSP response (DER), where the CA offers OCSP.
 
 Files are written whole (a temporary file, fsync, rename), never group- or
 world-readable.
@@ -68,6 +71,7 @@ class AcmeFiles:
 
     def __init__(self, directory: Path, directory_url: str) -> None:
         self.directory = directory
+        self.directory_url = directory_url
         host = urllib.parse.urlsplit(directory_url).hostname or "acme"
         digest = hashlib.sha256(directory_url.encode()).hexdigest()[:12]
         self.account_dir = directory / "accounts" / f"{host}-{digest}"
@@ -151,6 +155,31 @@ class AcmeFiles:
     def save_certificate(self, issued: IssuedCertificate) -> None:
         chain = issued.chain if issued.chain.endswith("\n") else issued.chain + "\n"
         self._write(self.certificate_dir / f"{issued.id}.pem", (chain + issued.key).encode())
+        issuer = json.dumps({"directory": self.directory_url}).encode()
+        self._write(self.certificate_dir / f"{issued.id}.json", issuer)
+        try:  # the previous certificate's response
+            (self.certificate_dir / f"{issued.id}.ocsp").unlink(missing_ok=True)
+        except OSError as exc:
+            raise FilesError(f"{issued.id}.ocsp: {exc.strerror or exc}") from None
+
+    def issued_by(self, certificate_id: str) -> str | None:
+        """The ACME directory a stored certificate came from (None: not recorded)."""
+        try:
+            data = json.loads((self.certificate_dir / f"{certificate_id}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        directory = data.get("directory") if isinstance(data, dict) else None
+        return directory if isinstance(directory, str) else None
+
+    def ocsp(self, certificate_id: str) -> bytes | None:
+        """The stored OCSP response of a certificate, or None."""
+        try:
+            return (self.certificate_dir / f"{certificate_id}.ocsp").read_bytes()
+        except OSError:
+            return None
+
+    def save_ocsp(self, certificate_id: str, der: bytes) -> None:
+        self._write(self.certificate_dir / f"{certificate_id}.ocsp", der)
 
     def _write(self, path: Path, data: bytes) -> None:
         try:

@@ -15,6 +15,10 @@ the number of edges and workers).
 - Issued (:mod:`origin.acme.issuer`): stored (0600) first, then sent to every
   connected edge, whose ACKs are kept per edge for the status page, and
   published to the workers for edges that connect later.
+- OCSP (:mod:`origin.acme.stapling`), where the CA names a responder: a
+  response fetched with each new certificate and halfway through each
+  response's validity, stored, and sent with the certificate for the edges
+  to staple; a revoked certificate is renewed at once.
 - ``geoedge acme renew --force [id]`` (the admin's ``POST /acme/renew``):
   :meth:`AcmeManager.renew` runs an attempt now and returns its outcome.
 """
@@ -25,20 +29,24 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from geoedge.acme_wire import CertificateSet
-from origin.acme.broadcast import Broadcaster, EdgeReply, confirmed_edges, summary
+from geoedge.acme_wire import encode as encode_message
+from origin.acme import stapling
+from origin.acme.broadcast import Broadcaster, by_edge, confirmed_edges, summary
 from origin.acme.client import AcmeClient, AcmeError
-from origin.acme.config import AcmeCertificateConfig, AcmeConfig, DnsConfig
+from origin.acme.config import AcmeConfig, DnsConfig
 from origin.acme.dns import ChalltestsrvProvider, DnsError, DnsProvider
-from origin.acme.files import AcmeFiles, FilesError, IssuedCertificate
+from origin.acme.files import AcmeFiles, FilesError
 from origin.acme.issuer import Issuer
+from origin.acme.ocsp import OcspError, check_response, refresh_at
 from origin.acme.schedule import next_attempt, renew_at
+from origin.acme.state import CertificateState, iso
 from tunnel.policy import Backoff
 
 __all__ = ["AcmeManager", "CertificateState"]
@@ -47,40 +55,6 @@ log = logging.getLogger("geoedge.origin.acme")
 
 #: How long ARI's answer is trusted at most before it is asked again.
 ARI_RECHECK_MAX_S = 6 * 3600.0
-
-
-@dataclass(slots=True)
-class CertificateState:
-    """What the manager knows of one configured certificate."""
-
-    spec: AcmeCertificateConfig
-    issued: IssuedCertificate | None = None
-    renew_at: float | None = None
-    """When it is due (ARI's time, or the lifetime fraction); None: now."""
-    ari_recheck_at: float = 0.0
-    next_try: float = 0.0
-    """Not before this (backoff after a failure)."""
-    failures: int = 0
-    last_error: str = ""
-    last_success: float | None = None
-    edges: dict[str, str] = field(default_factory=dict)
-    """Each edge's answer to the current certificate (``applied``, ...)."""
-    forced: bool = False
-    """A renewal was asked for (``renew --force``): due until one succeeds."""
-
-    def due(self, now: float) -> bool:
-        if now < self.next_try:
-            return False
-        if self.forced or self.issued is None:
-            return True
-        if set(self.issued.names) != set(self.spec.domains):
-            return True
-        return self.renew_at is None or now >= self.renew_at
-
-    def wakes_at(self) -> float:
-        if self.forced or self.issued is None or self.renew_at is None:
-            return self.next_try
-        return max(self.next_try, min(self.renew_at, self.ari_recheck_at or self.renew_at))
 
 
 class AcmeManager:
@@ -128,6 +102,12 @@ class AcmeManager:
                 log.warning("stored ACME certificate ignored: %s", exc)
             if state.issued is not None:
                 self._schedule(state, None)
+                self._load_ocsp(state)
+                issuer = self.files.issued_by(state.spec.id)
+                if issuer is not None and issuer != self.config.directory:
+                    log.info("ACME: %s came from %s: issuing it from %s", state.spec.id,
+                             issuer, self.config.directory)  # fmt: skip
+                    state.forced = True
         self._on_certificates(self.messages())
         self._on_change(self)
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -140,27 +120,34 @@ class AcmeManager:
 
     def messages(self) -> list[CertificateSet]:
         """The current certificates, as sent to the edges."""
-        return [
-            CertificateSet(state.spec.id, state.issued.chain, state.issued.key)
-            for state in self.states.values()
-            if state.issued is not None
-        ]
+        return [m for m in (state.message() for state in self.states.values()) if m is not None]
 
     # -- the loop ------------------------------------------------------------------------
 
     async def _run(self) -> None:
         while True:
-            now = self._clock()
-            for state in self.states.values():
-                if state.due(now):
-                    async with self._lock:
-                        await self._attempt(state)
-                elif state.issued is not None and now >= state.ari_recheck_at:
+            try:
+                await self._turn()
+            except Exception:  # a bug here must not end every renewal for good
+                log.exception("ACME: the renewal loop failed; going on in a minute")
+                await asyncio.sleep(60.0)
+
+    async def _turn(self) -> None:
+        """Renew what is due, refresh ARI and OCSP, then sleep until the next due time."""
+        now = self._clock()
+        for state in self.states.values():
+            if state.due(now):
+                async with self._lock:
+                    await self._attempt(state)
+            else:
+                if state.issued is not None and now >= state.ari_recheck_at:
                     await self._refresh_ari(state)
-            wake = min(state.wakes_at() for state in self.states.values())
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.05, wake - self._clock()))
+                if state.issued is not None and now >= state.ocsp_at:
+                    await self._refresh_ocsp(state, distribute=True)
+        wake = min(state.wakes_at() for state in self.states.values())
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), max(0.05, wake - self._clock()))
 
     async def renew(self, certificate_id: str | None = None) -> list[dict[str, Any]]:
         """Renew now (``geoedge acme renew --force``): one attempt for the named
@@ -177,7 +164,7 @@ class AcmeManager:
             async with self._lock:
                 await self._attempt(state)
         self._wake.set()
-        return [self._status_of(state) for state in chosen]
+        return [state.as_json() for state in chosen]
 
     async def _connected(self) -> Issuer:
         if self._issuer is not None:
@@ -224,18 +211,22 @@ class AcmeManager:
         state.last_error = ""
         state.next_try = 0.0
         state.last_success = self._clock()
-        log.info("ACME: %s issued, valid until %s", spec.id, _iso(issued.not_after))
+        log.info("ACME: %s issued, valid until %s", spec.id, iso(issued.not_after))
         self._schedule(state, None)
         await self._refresh_ari(state)
+        state.ocsp, state.ocsp_failures = None, 0
+        await self._refresh_ocsp(state, distribute=False)
         await self._distribute(state)
         self._on_certificates(self.messages())
         self._on_change(self)
 
     async def _distribute(self, state: CertificateState) -> None:
-        assert self._issuer is not None and state.issued is not None
+        message = state.message()
+        assert state.issued is not None and message is not None
         issued = state.issued
-        replies = await self._issuer.send(CertificateSet(issued.id, issued.chain, issued.key))
-        state.edges = _by_edge(replies)
+        kind, body = encode_message(message)
+        replies = await self._broadcaster(kind, body, self.config.edge_ack_timeout_s)
+        state.edges = by_edge(replies)
         problems = summary(replies)
         confirmed = sorted(confirmed_edges(replies))
         log.info("ACME: %s on edges %s", issued.id, ", ".join(confirmed) or "(none connected)")
@@ -261,6 +252,57 @@ class AcmeManager:
         recheck_at = _timestamp(recheck)
         state.ari_recheck_at = min(max(recheck_at, now + 60.0), now + ARI_RECHECK_MAX_S)
 
+    def _load_ocsp(self, state: CertificateState) -> None:
+        """The stored OCSP response, when it is still good for the stored certificate."""
+        if not self.config.ocsp_stapling or state.issued is None:
+            return
+        state.ocsp_at = self._clock()  # fetch at the first turn of the loop, unless...
+        der = self.files.ocsp(state.spec.id)
+        if der is None:
+            return
+        try:
+            answer = check_response(der, state.issued.chain, self._clock())
+        except OcspError as exc:
+            log.info("stored OCSP response of %s not used: %s", state.spec.id, exc)
+            return
+        if answer.status == "good":
+            state.ocsp, state.ocsp_note = answer, "good"
+            state.ocsp_at = refresh_at(answer, self._clock())
+
+    async def _refresh_ocsp(self, state: CertificateState, *, distribute: bool) -> None:
+        """Fetch a new OCSP response (:mod:`origin.acme.stapling`); keep, store and
+        (``distribute``) send a good one; renew a revoked certificate at once."""
+        if not self.config.ocsp_stapling or state.issued is None:
+            return
+        now = self._clock()
+        outcome = await stapling.refresh(
+            state.spec.id, state.issued.chain, state.ocsp_failures, now,
+            self.config.edge_ack_timeout_s, self._rng,
+        )  # fmt: skip
+        state.ocsp_at, state.ocsp_note = outcome.next_at, outcome.note
+        if outcome.revoked:  # renewed at once; again and again only with backoff
+            state.ocsp, state.forced = None, True
+            state.failures += 1
+            state.last_error = "the CA's OCSP responder says the certificate is revoked"
+            not_after = state.issued.not_after
+            state.next_try = next_attempt(state.failures, now, not_after, self._backoff, self._rng)
+            self._wake.set()
+        if outcome.answer is None:
+            state.ocsp_failures += not math.isinf(outcome.next_at)
+            if state.ocsp is not None and not state.ocsp.valid_at(now):
+                state.ocsp = None  # expired: no staple beats a stale one
+            self._on_change(self)
+            return
+        state.ocsp, state.ocsp_failures = outcome.answer, 0
+        try:
+            await asyncio.to_thread(self.files.save_ocsp, state.spec.id, outcome.answer.der)
+        except FilesError as exc:
+            log.warning("OCSP response of %s not stored: %s", state.spec.id, exc)
+        if distribute:
+            await self._distribute(state)
+            self._on_certificates(self.messages())
+        self._on_change(self)
+
     def _schedule(self, state: CertificateState, ari_time: float | None) -> None:
         assert state.issued is not None
         issued = state.issued
@@ -275,23 +317,7 @@ class AcmeManager:
         return {
             "directory": self.config.directory,
             "account": self.account_url or self.files.account_url(),
-            "certificates": [self._status_of(state) for state in self.states.values()],
-        }
-
-    def _status_of(self, state: CertificateState) -> dict[str, Any]:
-        issued = state.issued
-        return {
-            "id": state.spec.id,
-            "domains": list(state.spec.domains),
-            "not_after": None if issued is None else _iso(issued.not_after),
-            "not_after_ts": None if issued is None else issued.not_after,
-            "serial": None if issued is None else f"{issued.leaf.serial_number:x}",
-            "renew_at": None if state.renew_at is None else _iso(state.renew_at),
-            "failures": state.failures,
-            "last_error": state.last_error,
-            "next_try": None if not state.next_try else _iso(state.next_try),
-            "last_success": None if state.last_success is None else _iso(state.last_success),
-            "edges": dict(state.edges),
+            "certificates": [state.as_json() for state in self.states.values()],
         }
 
 
@@ -302,19 +328,6 @@ def make_provider(config: DnsConfig) -> DnsProvider:
     from origin.acme.route53 import Route53Provider  # boto3 only where it is used
 
     return Route53Provider(config)
-
-
-def _by_edge(replies: list[EdgeReply]) -> dict[str, str]:
-    """Each edge's worst answer (one connection that failed makes it fail)."""
-    edges: dict[str, str] = {}
-    for reply in replies:
-        if edges.get(reply.edge, "applied") == "applied":
-            edges[reply.edge] = reply.status
-    return edges
-
-
-def _iso(timestamp: float) -> str:
-    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(timespec="seconds")
 
 
 def _timestamp(moment: datetime.datetime) -> float:

@@ -1,101 +1,23 @@
 """Two edges and one origin against Pebble: the origin runs ACME, the edges
-answer the challenges it sends them over the tunnels and serve what it issues.
+answer the challenges it sends them over the tunnels and serve what it issues
+(tests/acme_fleet_env.py has the layout).
 
-Edge A listens on 127.0.0.2, edge B on 127.0.0.3, each with a TLS and a
-plain-HTTP listener on the same two ports, which are Pebble's TLS-ALPN-01 and
-HTTP-01 ports; pebble-challtestsrv tells Pebble where each name is. The
-HTTP-01 name is pointed at edge B and the TLS-ALPN-01 name at edge A: the
-origin sends every challenge to every edge, so whichever edge the CA reaches
-answers. The wildcard goes through DNS-01 (challtestsrv as the provider)."""
+The HTTP-01 name is pointed at edge B and the TLS-ALPN-01 name at edge A:
+the origin sends every challenge to every edge, so whichever edge the CA
+reaches answers. The wildcard goes through DNS-01 (challtestsrv as the
+provider)."""
 
 from __future__ import annotations
 
 import http.client
 import json
-import os
-import socket
-import ssl
 import stat
-import sys
-import time
 from pathlib import Path
-from typing import Any
 
-from cryptography import x509
-
-from tests.acme_env import free_port_on, pebble
+from tests.acme_fleet_env import EDGES, acme_fleet, handshake_serial
 from tests.conftest import PkiFiles, scaled
-from tests.edge_env import ROOT, Processes, start_edge, wait_port
-from tests.tunnel_env import free_port
 
-EDGES = {"a": ("127.0.0.2", "edge"), "b": ("127.0.0.3", "edge2")}
-
-
-def edge_toml(test_pki: PkiFiles, name: str, https: int, http: int, admin: int, origin: int,
-              store: Path) -> str:  # fmt: skip
-    address, keys = EDGES[name]
-    paths = getattr(test_pki, keys)
-    return f"""
-[edge]
-id = "edge-{name}"
-workers = 2
-drain_timeout_s = 2.0
-[[listeners]]
-address = "{address}:{https}"
-[redirect]
-address = "{address}:{http}"
-[tls]
-[acme]
-enabled = true
-store_dir = "{store}"
-[admin]
-address = "127.0.0.1:{admin}"
-[tunnel]
-ping_interval_s = 0.5
-ping_timeout_s = 2.0
-[[origins]]
-name = "origin"
-[origins.tunnel]
-address = "127.0.0.1:{origin}"
-server_name = "localhost"
-cert = "{paths.cert}"
-key = "{paths.key}"
-ca = "{test_pki.ca}"
-connections = 2
-backoff_base_s = 0.05
-backoff_cap_s = 0.5
-"""
-
-
-def origin_toml(test_pki: PkiFiles, port: int, admin: int, backend: int, ca: Any,
-                state: Path) -> str:  # fmt: skip
-    return f"""
-[origin]
-id = "origin-1"
-workers = 2
-log_json = false
-[tunnel_listener]
-address = "127.0.0.1:{port}"
-cert = "{test_pki.origin.cert}"
-key = "{test_pki.origin.key}"
-ca = "{test_pki.ca}"
-allowed_identities = ["edge-1", "edge-2"]
-[admin]
-address = "127.0.0.1:{admin}"
-[[pools]]
-name = "app"
-default = true
-[[pools.backends]]
-address = "127.0.0.1:{backend}"
-[acme]
-directory_url = "{ca.directory_url}"
-ca_bundle = "{ca.ca}"
-agree_to_terms = true
-state_dir = "{state}"
-challenge_types = ["http-01", "tls-alpn-01"]
-retry_base_s = 0.5
-retry_cap_s = 1.0
-edge_ack_timeout_s = 5.0
+CERTIFICATES = """
 [[acme.certificates]]
 id = "web"
 domains = ["web.geoedge.test"]
@@ -107,91 +29,78 @@ challenge_types = ["tls-alpn-01"]
 [[acme.certificates]]
 id = "wild"
 domains = ["*.wild.geoedge.test"]
-[acme.dns]
-provider = "challtestsrv"
-challtestsrv_url = "http://127.0.0.1:{ca.challtestsrv_port}"
 """
 
 
-def admin(port: int, method: str, path: str) -> tuple[int, Any]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=scaled(60))
-    conn.request(method, path)
-    response = conn.getresponse()
-    return response.status, json.loads(response.read() or b"null")
+def admin_get(port: int, path: str) -> bytes:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=scaled(10))
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        assert response.status == 200, (path, response.status)
+        return response.read()
+    finally:
+        conn.close()
 
 
-def served_serial(address: str, port: int, name: str, root: str) -> int:
-    context = ssl.create_default_context(cadata=root)
-    with (
-        socket.create_connection((address, port), timeout=5) as raw,
-        context.wrap_socket(raw, server_hostname=name) as tls,
-    ):
-        der = tls.getpeercert(binary_form=True)
-    assert der is not None
-    return x509.load_der_x509_certificate(der).serial_number
-
-
-def wait_until(check: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + scaled(timeout_s)
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"{what}: not in time"
-        time.sleep(0.2)
+def status_rows(port: int, title: str) -> list[list[str]]:
+    """The cells' text of one table of a daemon's /status.json."""
+    page = json.loads(admin_get(port, "/status.json"))
+    table = next(t for t in page["tables"] if t["title"] == title)
+    return [[cell["text"] for cell in row["cells"]] for row in table["rows"]]
 
 
 def test_two_edges_answer_every_challenge_and_serve_the_issued_chains(
     test_pki: PkiFiles, tmp_path: Path
 ) -> None:
-    https = free_port_on("127.0.0.2", "127.0.0.3")
-    http_port = free_port_on("127.0.0.2", "127.0.0.3")
-    procs = Processes()
-    with pebble(test_pki, tmp_path, http_port=http_port, tls_port=https) as ca:
-        ca.point("web.geoedge.test", "127.0.0.3")  # HTTP-01 lands on edge B
-        ca.point("alpn.geoedge.test", "127.0.0.2")  # TLS-ALPN-01 on edge A
-        origin_port, origin_admin, backend = free_port(), free_port(), free_port()
-        config = tmp_path / "origin.toml"
-        state = tmp_path / "origin-acme"
-        config.write_text(origin_toml(test_pki, origin_port, origin_admin, backend, ca, state))
-        try:
-            stores = {}
-            for name in EDGES:
-                stores[name] = tmp_path / f"edge-{name}-acme"
-                edge_config = tmp_path / f"edge-{name}.toml"
-                edge_config.write_text(
-                    edge_toml(
-                        test_pki, name, https, http_port, free_port(), origin_port, stores[name]
-                    )
+    with acme_fleet(test_pki, tmp_path) as fleet:
+        fleet.ca.point("web.geoedge.test", "127.0.0.3")  # HTTP-01 lands on edge B
+        fleet.ca.point("alpn.geoedge.test", "127.0.0.2")  # TLS-ALPN-01 on edge A
+        for name in EDGES:
+            fleet.start_edge(name)
+        fleet.start_origin(CERTIFICATES)
+        serials = {cid: fleet.wait_applied(cid, ("a", "b"), 120) for cid in ("web", "alpn", "wild")}
+        root = fleet.ca.root_pem()
+        for edge in EDGES:
+            for cid, name in (
+                ("web", "web.geoedge.test"),
+                ("alpn", "alpn.geoedge.test"),
+                ("wild", "x.wild.geoedge.test"),
+            ):
+                # Verifies up to Pebble's root, and is the one the origin holds.
+                served = handshake_serial(fleet.address(edge), fleet.https, name, root)
+                assert served == serials[cid], (edge, name)
+
+        # What the status pages and the metrics say: the origin's rows, and each
+        # edge's certificates with their expiry (the fleet-wide family).
+        origin_rows = status_rows(fleet.origin_admin, "ACME certificates")
+        assert {row[0] for row in origin_rows} == {"web", "alpn", "wild"}
+        assert all(row[2] != "not issued yet" and row[5] == "2/2" for row in origin_rows)
+        for edge, port in fleet.edge_admins.items():
+            rows = status_rows(port, "ACME certificates")
+            assert {row[0]: row[4] for row in rows} == {c: f"{s:x}" for c, s in serials.items()}
+            metrics = admin_get(port, "/metrics").decode()
+            for cid in serials:
+                not_after = fleet.certificate(cid)["not_after_ts"]
+                domain = fleet.certificate(cid)["domains"][0]
+                series = (
+                    "geoedge_certificate_expiry_timestamp_seconds"
+                    f'{{name="{domain}",role="served",source="acme:{cid}"}} '
                 )
-                start_edge(procs, edge_config, tmp_path / f"edge-{name}.log")
-            log = open(tmp_path / "origin.log", "wb")  # noqa: SIM115
-            procs.start(
-                [sys.executable, "-m", "origin", "--config", str(config)],
-                cwd=ROOT, stdout=log, stderr=log,
-                env={**os.environ, "PYTHONPATH": str(ROOT)},
-            )  # fmt: skip
-            wait_port(origin_admin, scaled(15))
+                line = next(x for x in metrics.splitlines() if x.startswith(series))
+                assert float(line.split(" ")[1]) == not_after, (edge, line)
 
-            def all_on_both_edges() -> bool:
-                _, status = admin(origin_admin, "GET", "/acme")
-                certificates = status["certificates"]
-                return all(
-                    c["not_after"] and c["edges"] == {"edge-1": "applied", "edge-2": "applied"}
-                    for c in certificates
-                )
+        code, output = fleet.geoedge_acme("status", "--admin", fleet.admin_address)
+        assert code == 0, output
+        for cid, serial in serials.items():
+            block = next(b for b in output.split("\n\n") if b.startswith(f"{cid}: "))
+            assert f"serial {serial:x}" in block and "days left" in block, block
+            assert "edges: edge-1 applied, edge-2 applied" in block, block
+            assert "FAILING" not in block
 
-            wait_until(all_on_both_edges, 120, "every certificate on both edges")
-            root = ca.root_pem()
-            for address, _ in EDGES.values():
-                for name in ("web.geoedge.test", "alpn.geoedge.test", "x.wild.geoedge.test"):
-                    served_serial(address, https, name, root)  # verifies up to Pebble's root
-
-            # No private key readable by others, on the origin or on the edges.
-            for directory in (state, *stores.values()):
-                assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
-                for path in directory.rglob("*"):
-                    if path.is_file():
-                        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
-        finally:
-            procs.stop_all()
+        # No private key readable by others, on the origin or on the edges.
+        for directory in (fleet.state, *fleet.stores.values()):
+            assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+            for path in directory.rglob("*"):
+                if path.is_file():
+                    assert stat.S_IMODE(path.stat().st_mode) == 0o600, path

@@ -149,3 +149,52 @@ def test_a_ca_outage_is_retried_with_backoff_and_the_old_certificate_kept(
             run_async(scenario(), 150)
         finally:
             relay.close()
+
+
+def test_a_certificate_from_another_ca_is_replaced_at_once(
+    test_pki: PkiFiles, tmp_path: Path
+) -> None:
+    """Staging first, then production: the stored certificate names the
+    directory it came from, and one from another directory is issued again at
+    start instead of being served until its renewal (here the "other CA" is
+    the same Pebble behind another URL: a relay in front of it)."""
+    with pebble(test_pki, tmp_path) as ca:
+        acme_port = int(ca.directory_url.rsplit(":", 1)[1].split("/")[0])
+        relay = Outage(acme_port)
+        try:
+            staging = acme_config(ca, tmp_path, directory_url=f"https://127.0.0.1:{relay.port}/dir")
+            production = acme_config(ca, tmp_path)
+
+            async def issue(config: AcmeConfig, other_than: int | None) -> int:
+                manager = AcmeManager(config, NoEdges())
+                await manager.start()
+                state = manager.states["wild"]
+                try:
+                    await wait_for(
+                        lambda: (
+                            state.issued is not None
+                            and state.issued.leaf.serial_number != other_than
+                        ),
+                        60,
+                    )
+                finally:
+                    await manager.close()
+                assert state.issued is not None
+                return int(state.issued.leaf.serial_number)
+
+            first = run_async(issue(staging, None), 90)
+            second = run_async(issue(production, first), 90)
+            assert second != first
+            # And with the same directory again, nothing is issued at start.
+
+            async def unchanged() -> None:
+                manager = AcmeManager(production, NoEdges())
+                await manager.start()
+                state = manager.states["wild"]
+                assert state.issued is not None and not state.due(time.time())
+                await manager.close()
+                assert state.issued.leaf.serial_number == second
+
+            run_async(unchanged(), 30)
+        finally:
+            relay.close()

@@ -113,9 +113,12 @@ tests:
             exp_annotations:
               summary: "The served certificate localhost on edge-test expires in 10.0 days"
               description: >-
-                {short.cert}. Served certificates: renew and install them, then
-                systemctl reload. Tunnel certificates: geoedge pki renew, then a
-                restart; the CA: docs/operations.md, "Rotate the CA".
+                {short.cert}. ACME certificates (source acme:ID): the origin renews
+                them; geoedge acme status on the origin says why it has not
+                (GeoedgeAcmeRenewalFailing fired weeks ago). Served certificates from
+                files: renew and install them, then systemctl reload. Tunnel
+                certificates: geoedge pki renew, then a restart; the CA:
+                docs/operations.md, "Rotate the CA".
       - eval_time: 15m
         alertname: GeoedgeCertificateExpiresVerySoon
         exp_alerts: []

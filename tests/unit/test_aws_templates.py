@@ -197,26 +197,36 @@ SAMPLE = {
     "VpcCidr": "10.20.0.0/16",
     "Origins": "origin.example.com:7443 --origin origin-london.example.com:7443",
     "Names": "app.example.com --name www.example.com",
+    "ServerCertificates": "ssm",
+    "AcmeFlag": "",
 }
+#: SAMPLE's changes with ServerCertificates=acme (the Sub variable's !If).
+ACME = {"ServerCertificates": "acme", "AcmeFlag": "--acme"}
 
 
-def user_data() -> tuple[str, dict[str, Any]]:
-    """The launch template's user data with ``SAMPLE`` substituted, and it parsed."""
+def user_data(values: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
+    """The launch template's user data with ``SAMPLE`` (and ``values``)
+    substituted, and it parsed."""
     [template] = resources(EDGE_REGION, "AWS::EC2::LaunchTemplate").values()
     body, variables = template["LaunchTemplateData"]["UserData"]["Fn::Base64"]["Fn::Sub"]
     parameters = set(load(EDGE_REGION)["Parameters"])
     used = set(re.findall(r"\$\{([^}!]+)\}", body))
     # Everything substituted is a parameter, a pseudo parameter or a Sub variable.
     assert used <= parameters | set(variables) | {"AWS::Region"}, used
-    assert set(variables) == {"Origins", "Names"}
-    text = re.sub(r"\$\{([^}!]+)\}", lambda m: SAMPLE[m.group(1)], body)
+    assert set(variables) == {"Origins", "Names", "AcmeFlag"}
+    assert variables["AcmeFlag"] == {"Fn::If": ["UseAcme", "--acme", ""]}
+    assert load(EDGE_REGION)["Conditions"]["UseAcme"] == {
+        "Fn::Equals": [{"Ref": "ServerCertificates"}, "acme"]
+    }
+    sample = SAMPLE | (values or {})
+    text = re.sub(r"\$\{([^}!]+)\}", lambda m: sample[m.group(1)], body)
     assert text.startswith("#cloud-config\n")
     assert len(text.encode()) < USER_DATA_LIMIT_BYTES  # not compressed: CFN cannot gzip
     return text, yaml.safe_load(text)
 
 
-def install_script() -> str:
-    _, data = user_data()
+def install_script(values: dict[str, str] | None = None) -> str:
+    _, data = user_data(values)
     [script] = data["runcmd"]
     env = {
         e.split("=", 1)[0]: e.split("=", 1)[1]
@@ -275,10 +285,27 @@ def test_the_metrics_agent_scrapes_the_edge_into_the_workspace(
     assert "/etc/prometheus/geoedge-agent.yml" in script
 
 
+def fetched_files(script: str, server_certificates: str) -> set[str]:
+    """The files the install script fetches from SSM when the install.env's
+    GEOEDGE_SERVER_CERTIFICATES is ``server_certificates`` (its one ``if``)."""
+    fetched, skipping = set(), False
+    for line in (x.strip() for x in script.splitlines()):
+        if line.startswith('if [ "$GEOEDGE_SERVER_CERTIFICATES" = '):
+            skipping = line.split("= ", 1)[1].split(" ]", 1)[0] != server_certificates
+        elif line == "fi":
+            skipping = False
+        elif line.startswith("fetch ") and not skipping:
+            fetched.add(shlex.split(line)[2])
+    return fetched
+
+
+@pytest.mark.parametrize("mode", ["ssm", "acme"])
 def test_init_in_the_user_data_names_exactly_the_files_it_fetches(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    mode: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    script = install_script()
+    """ssm: the server certificate's files from SSM; acme: none, [acme] enabled
+    (ServerCertificates, the stack's switch to ACME)."""
+    script = install_script(ACME if mode == "acme" else None)
     joined = script.replace("\\\n", " ")
     [init_line] = [line for line in joined.splitlines() if "geoedge init edge" in line]
     argv = shlex.split(init_line.strip())[1:]
@@ -291,17 +318,18 @@ def test_init_in_the_user_data_names_exactly_the_files_it_fetches(
         "origin.example.com:7443",
         "origin-london.example.com:7443",
     ]
-    assert config.tls.certificates[0].names == ("app.example.com", "www.example.com")
+    if mode == "acme":
+        assert config.acme.enabled and config.tls.certificates == ()
+    else:
+        assert not config.acme.enabled
+        assert config.tls.certificates[0].names == ("app.example.com", "www.example.com")
     [listener] = config.listeners
     assert listener.proxy_protocol and [str(n) for n in listener.trusted_proxies] == [
         SAMPLE["VpcCidr"]
     ]
     named = {str(p) for c in config.tls.certificates for p in (c.cert, c.key)}
     named |= {str(p) for o in config.origins for p in (o.tunnel.cert, o.tunnel.key, o.tunnel.ca)}
-    fetched = {
-        shlex.split(line)[2] for line in script.splitlines() if line.strip().startswith("fetch ")
-    }
-    assert fetched == named
+    assert fetched_files(script, mode) == named
     # The files installed from init are the ones the unit and sysctl need.
     for name in ("edge.toml", "geoedge-edge.service", "99-geoedge.conf"):
         assert f"/run/geoedge-init/{name}" in script

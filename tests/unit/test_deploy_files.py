@@ -45,6 +45,7 @@ from tunnel.aio.transport import (
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 EDGE_EXAMPLE = DEPLOY / "config" / "edge.example.toml"
+CACHE_EXAMPLE = DEPLOY / "config" / "cache.example.toml"
 EDGE_UNIT = DEPLOY / "systemd" / "geoedge-edge.service"
 ORIGIN_UNIT = DEPLOY / "systemd" / "geoedge-origin.service"
 NODE_UNIT = DEPLOY / "systemd" / "geoedge-node@.service"
@@ -115,10 +116,37 @@ def _schema_keys(
 
 
 def test_edge_example_writes_out_every_key() -> None:
-    """DESIGN principle 10: every default is written in the example config too."""
-    text = EDGE_EXAMPLE.read_text()
+    """DESIGN principle 10: every default is written in the example config too
+    (the cache's and the compressor's in cache.example.toml, appended to it)."""
+    text = EDGE_EXAMPLE.read_text() + "\n" + CACHE_EXAMPLE.read_text()
     commented = frozenset(re.findall(r"^# ([a-z_]+) = ", text, re.MULTILINE))
     assert _schema_keys(EdgeConfig, tomllib.loads(text), "", commented) == []
+
+
+def test_cache_example_appended_to_the_edge_example_loads_with_the_cache_on(
+    tmp_path: Path,
+) -> None:
+    """Issue 30's checks append cache.example.toml as it stands to a working config."""
+    both = tmp_path / "edge.toml"
+    both.write_text(EDGE_EXAMPLE.read_text() + "\n" + CACHE_EXAMPLE.read_text())
+    config = load_config(both, EdgeConfig)
+    assert config.cache.enabled and config.compression.enabled
+    # Every other value is the default, written out (one place for defaults).
+    defaults = {"enabled": True}
+    assert dataclasses.replace(config.cache, **defaults) == dataclasses.replace(
+        type(config.cache)(), **defaults
+    )
+    assert dataclasses.replace(config.compression, **defaults) == dataclasses.replace(
+        type(config.compression)(), **defaults
+    )
+
+
+def test_every_key_of_the_cache_example_is_commented() -> None:
+    lines = CACHE_EXAMPLE.read_text().splitlines()
+    for index, line in enumerate(lines):
+        if re.match(r"^[a-z_]+ = ", line):
+            above = lines[index - 1]
+            assert above.startswith("#"), f"{line!r} has no comment above it"
 
 
 def test_edge_example_loads_with_certificates_from_geoedge_pki(tmp_path: Path) -> None:

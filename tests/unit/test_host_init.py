@@ -144,6 +144,41 @@ def test_init_origin_admits_the_edges_and_balances_the_sample_backends(
     assert files["/etc/geoedge/origin.toml"]["content"] == (tmp_path / "origin.toml").read_text()
 
 
+def test_init_with_acme_writes_edges_that_take_certificates_from_the_origin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--acme`` (edge) and ``--acme-domain`` (origin): the configs the
+    CloudFormation path renders when its ServerCertificates parameter is acme."""
+    status, _, err = run(["init", "edge", "--out", str(tmp_path / "e"), "--acme"], capsys)
+    assert status == 0, err
+    edge = load_config(tmp_path / "e" / "edge.toml", EdgeConfig)
+    assert edge.acme.enabled and edge.tls.certificates == ()
+    # The store is the unit's StateDirectory, and the unit beside it says so.
+    unit = (tmp_path / "e" / "geoedge-edge.service").read_text()
+    assert str(edge.acme.store_dir) == "/var/lib/" + re.findall(r"StateDirectory=(.+)", unit)[0]
+
+    argv = ["init", "origin", "--out", str(tmp_path / "o"), "--acme-domain", "app.example.com"]
+    argv += ["--acme-domain", "*.app.example.com", "--acme-contact", "ops@example.com"]
+    status, _, err = run(argv, capsys)
+    assert status == 1 and "--acme-agree-terms" in err  # no account without the terms
+    status, _, err = run([*argv, "--acme-agree-terms"], capsys)
+    assert status == 0, err
+    origin = load_config(tmp_path / "o" / "origin.toml", OriginConfig)
+    assert origin.acme is not None
+    assert origin.acme.staging and origin.acme.directory.startswith("https://acme-staging-v02.")
+    assert origin.acme.contact == ("mailto:ops@example.com",)
+    [certificate] = origin.acme.certificates
+    assert certificate.domains == ("app.example.com", "*.app.example.com")
+    assert origin.acme.dns is not None and origin.acme.dns.provider == "route53"  # the wildcard
+    unit = (tmp_path / "o" / "geoedge-origin.service").read_text()
+    state = "/var/lib/" + re.findall(r"StateDirectory=(.+)", unit)[0]
+    assert str(origin.acme.state_dir) == state
+    status, _, err = run([*argv, "--acme-agree-terms", "--acme-production", "--force"], capsys)
+    assert status == 0, err
+    production = load_config(tmp_path / "o" / "origin.toml", OriginConfig)
+    assert production.acme is not None and not production.acme.staging
+
+
 def test_init_node_writes_the_template_and_the_app_without_modules(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -69,6 +69,7 @@ def test_control_numbers_match_the_spec() -> None:
         ("ACME_CHALLENGE_SET", 0x0100),
         ("ACME_CHALLENGE_CLEAR", 0x0101),
         ("ACME_CERTIFICATE_SET", 0x0102),
+        ("CACHE_PURGE", 0x0200),
     ]
     assert [(s.name, s.value) for s in ControlStatus] == [
         ("APPLIED", 0),

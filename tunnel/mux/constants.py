@@ -111,6 +111,8 @@ class ControlKind(enum.IntEnum):
     ACME_CHALLENGE_CLEAR = 0x0101
     ACME_CERTIFICATE_SET = 0x0102
     # 0x0200-0x02FF: CACHE (purges), origin -> edge.
+    CACHE_PURGE = 0x0200
+    """A purge (JSON: url, prefix, tag or all; geoedge/cache_purge.py)."""
     # 0x0300-0xEFFF: unassigned. 0xF000-0xFFFF: private or experimental use.
 
 
