@@ -4,13 +4,16 @@
 cdef class Exchange:
     cdef object __weakref__
     cdef public object _connection_metadata
-    cdef public bint _decode_chunked
     cdef public object _head
     cdef public object _method
     cdef public object _wait
     cdef public object client
+    cdef public object connection_metadata
+    cdef public bint decode_chunked
     cdef public bint finished
+    cdef public bint frame_h1
     cdef public object record
+    cdef public object request
     cdef public bint request_whole
     cdef public bint response_paused
     cdef public object services
