@@ -18,7 +18,8 @@ LOCK := deploy/requirements.lock
 .PHONY: venv node tools test test-long test-platforms mutation lint lock docs demo dist cache-tests bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor wan drill restart-test apt-base soak clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
-# for real peers (haproxy), the WAN emulator (iptables, libnetfilter-queue), the
+# for real peers (haproxy; nginx-light, the nginx edge of make wan), the WAN
+# emulator (iptables, libnetfilter-queue), the
 # WireGuard test (wireguard-go, wireguard-tools) and the unit checks
 # (systemd-analyze, in systemd), the monitoring kit (promtool, in prometheus) and
 # the status page in a real browser (chromium), the user data checked against

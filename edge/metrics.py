@@ -84,6 +84,16 @@ class EdgeMetrics:
             ("version",),
             buckets=LATENCY_BUCKETS,
         )
+        self.tunnel_sent_bytes = m.counter(
+            "tunnel_sent_bytes",
+            "Octets the edge's tunnel sockets sent per origin, retransmissions included",
+            ("origin",),
+        )
+        self.tunnel_retransmitted_bytes = m.counter(
+            "tunnel_retransmitted_bytes",
+            "Of those, octets TCP sent again (a lossy path shows here; from TCP_INFO)",
+            ("origin",),
+        )
         self.tunnel_rtt_seconds = m.histogram(
             "tunnel_rtt_seconds",
             "Tunnel round-trip time per origin, sampled once a second per worker",

@@ -14,7 +14,13 @@ from edge.acme_status import HeldCertificates
 from edge.config import EdgeConfig
 from geoedge.cert_expiry import CertificateWatch, certificates_table
 from geoedge.status_page import Cell, Row, StatusPage, Table, cell
-from geoedge.status_window import MetricsWindow, workers_table
+from geoedge.status_window import (
+    RETRANSMIT_BAD,
+    RETRANSMIT_WARN,
+    MetricsWindow,
+    retransmit_ratio,
+    workers_table,
+)
 from geoedge.version import package_version
 from geoedge.workers import SupervisorStatistics
 
@@ -100,6 +106,8 @@ class EdgeStatus:
         ttfb50 = w.quantile(0.5, "geoedge_edge_upstream_first_byte_seconds", ("origin",))
         ttfb95 = w.quantile(0.95, "geoedge_edge_upstream_first_byte_seconds", ("origin",))
         rate = w.rate("geoedge_edge_request_duration_seconds_count", ("origin",))
+        sent = w.rate("geoedge_edge_tunnel_sent_bytes_total", ("origin",))
+        resent = w.rate("geoedge_edge_tunnel_retransmitted_bytes_total", ("origin",))
         rows = []
         for origin in self.config.origins:
             key = (origin.name,)
@@ -117,6 +125,12 @@ class EdgeStatus:
                         cell(ttfb50.get(key), "s"),
                         cell(ttfb95.get(key), "s"),
                         cell(rate.get(key), "/s"),
+                        cell(
+                            retransmit_ratio(sent.get(key), resent.get(key)),
+                            "%",
+                            warn=RETRANSMIT_WARN,
+                            bad=RETRANSMIT_BAD,
+                        ),
                     ]
                 )
             )
@@ -133,11 +147,14 @@ class EdgeStatus:
                 "first byte p50",
                 "first byte p95",
                 "requests",
+                "retransmitted",
             ],
             rows,
             note="First byte: from a request's head at the edge to its response's first"
             " octet, i.e. tunnel + origin + Node. Compare it with the RTT: the rest is the"
-            " origin's side (see its status page).",
+            " origin's side (see its status page). Retransmitted: of the octets the edge's"
+            " tunnel sockets sent, those TCP sent again (TCP_INFO): a path that loses"
+            " packets shows here, and on the origin's page for the other direction.",
         )
 
     def _phases(self) -> Table:

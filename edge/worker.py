@@ -53,6 +53,7 @@ from geoedge.metrics import ProcessMetrics, Tally
 from geoedge.workers import resolve_worker_count, worker_share
 from tunnel.aio.control import ControlHandlers, ControlReply, echo
 from tunnel.aio.stream import TunnelStream
+from tunnel.aio.tcp_info import RetransmitTally
 from tunnel.mux import ControlKind, ControlStatus
 
 log = logging.getLogger("geoedge.edge")
@@ -103,6 +104,7 @@ class EdgeWorker:
         self._id_counter = itertools.count(1)
         self.access_log = _open_access_log(config)
         self.tally = Tally()
+        self._retransmits = RetransmitTally()
         self.metrics = EdgeMetrics()
         self.process_metrics = ProcessMetrics("edge")
         limits = config.limits
@@ -307,6 +309,14 @@ class EdgeWorker:
             if stats.srtt_s is not None:
                 self.metrics.tunnel_srtt.labels(stats.name).set(stats.srtt_s)
                 self.tally.observe(self.metrics.tunnel_rtt_seconds, (stats.name,), stats.srtt_s)
+        sockets = [
+            (name, connection, connection.tcp_info())
+            for name, pool in self.origins.pools.items()
+            for connection in pool.connections
+        ]
+        for name, sent in self._retransmits.take(sockets).items():
+            self.tally.add(self.metrics.tunnel_sent_bytes, name, sent.bytes)
+            self.tally.add(self.metrics.tunnel_retransmitted_bytes, name, sent.retransmitted)
 
     def _export_cache_metrics(self) -> None:
         cache = self.cache

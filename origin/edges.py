@@ -22,6 +22,7 @@ from origin.edge_control import ControlOutcome, broadcast_on
 from origin.metrics import WorkerMetrics
 from tunnel.aio.connection import TunnelConnection
 from tunnel.aio.errors import PeerRefused
+from tunnel.aio.tcp_info import RetransmitTally
 
 __all__ = ["EdgeConnections"]
 
@@ -33,7 +34,8 @@ GOING_AWAY = "origin shutting down"
 
 class EdgeConnections:
     """Owns one worker's established tunnel connections and their metrics
-    (``edges_connected``, ``edge_rtt_seconds``, ``edges_refused``).
+    (``edges_connected``, ``edge_rtt_seconds``, ``edge_sent_bytes``,
+    ``edge_retransmitted_bytes``, ``edges_refused``).
 
     Invariants: a connection is a member from its ``established`` to its
     ``closed``, and ``edges_connected`` for an identity counts its members.
@@ -42,12 +44,13 @@ class EdgeConnections:
     streams elsewhere).
     """
 
-    __slots__ = ("_connections", "_going_away", "_metrics", "on_edge")
+    __slots__ = ("_connections", "_going_away", "_metrics", "_retransmits", "on_edge")
 
     def __init__(self, metrics: WorkerMetrics) -> None:
         self._metrics = metrics
         self._connections: set[TunnelConnection] = set()
         self._going_away = False
+        self._retransmits = RetransmitTally()
         #: Called with each connection once established (the worker sends a
         #: newly connected edge the current ACME certificates from here).
         self.on_edge: Callable[[TunnelConnection], None] | None = None
@@ -90,7 +93,8 @@ class EdgeConnections:
         self._metrics.edges_refused.labels(reason).inc()
 
     def publish_rtts(self) -> None:
-        """Set each edge's RTT gauge: the largest smoothed RTT of its connections."""
+        """Set each edge's RTT gauge (the largest smoothed RTT of its connections)
+        and count the octets its tunnel sockets sent and retransmitted."""
         rtts: dict[str, float] = {}
         for connection in self._connections:
             srtt = connection.srtt_s
@@ -99,6 +103,10 @@ class EdgeConnections:
                 rtts[identity] = max(rtts.get(identity, 0.0), srtt)
         for identity, srtt in rtts.items():
             self._metrics.edge_rtt.labels(identity).set(srtt)
+        sockets = [(c.info.peer_identity, c, c.tcp_info()) for c in self._connections]
+        for identity, sent in self._retransmits.take(sockets).items():
+            self._metrics.edge_sent_bytes.labels(identity).inc(sent.bytes)
+            self._metrics.edge_retransmitted_bytes.labels(identity).inc(sent.retransmitted)
 
     async def broadcast_control(
         self, kind: int, body: bytes, timeout_s: float

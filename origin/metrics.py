@@ -74,6 +74,16 @@ class WorkerMetrics:
             ("edge",),
             mode="livemax",
         )
+        self.edge_sent_bytes = m.counter(
+            "edge_sent_bytes",
+            "Octets the origin's tunnel sockets sent to an edge, retransmissions included.",
+            ("edge",),
+        )
+        self.edge_retransmitted_bytes = m.counter(
+            "edge_retransmitted_bytes",
+            "Of those, octets TCP sent again (a lossy path shows here; from TCP_INFO).",
+            ("edge",),
+        )
         self.edges_refused = m.counter(
             "edges_refused", "Tunnel connections refused, by reason.", ("reason",)
         )

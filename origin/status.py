@@ -14,7 +14,13 @@ from urllib.parse import quote
 
 from geoedge.cert_expiry import CertificateWatch, certificates_table
 from geoedge.status_page import Action, Cell, Row, StatusPage, Table, cell
-from geoedge.status_window import MetricsWindow, workers_table
+from geoedge.status_window import (
+    RETRANSMIT_BAD,
+    RETRANSMIT_WARN,
+    MetricsWindow,
+    retransmit_ratio,
+    workers_table,
+)
 from geoedge.version import package_version
 from origin.control import ControlPlane
 
@@ -65,16 +71,33 @@ class OriginStatus:
         w = self.window
         connections = w.gauge("geoedge_origin_edges_connected", ("edge",))
         rtt = w.gauge("geoedge_origin_edge_rtt_seconds", ("edge",), max)
+        sent = w.rate("geoedge_origin_edge_sent_bytes_total", ("edge",))
+        resent = w.rate("geoedge_origin_edge_retransmitted_bytes_total", ("edge",))
         rows = [
-            Row([Cell(edge), cell(count), cell(rtt.get((edge,)), "s", warn=RTT_WARN_S)])
+            Row(
+                [
+                    Cell(edge),
+                    cell(count),
+                    cell(rtt.get((edge,)), "s", warn=RTT_WARN_S),
+                    cell(
+                        retransmit_ratio(sent.get((edge,)), resent.get((edge,))),
+                        "%",
+                        warn=RETRANSMIT_WARN,
+                        bad=RETRANSMIT_BAD,
+                    ),
+                ]
+            )
             for (edge,), count in sorted(connections.items())
             if count > 0
         ]
         return Table(
             "Edges",
-            ["edge", "tunnel connections", "RTT"],
+            ["edge", "tunnel connections", "RTT", "retransmitted"],
             rows,
             empty="no edge connected",
+            note="Retransmitted: of the octets sent to the edge (responses), those TCP"
+            " sent again (TCP_INFO). A path that loses packets shows here, not in the RTT;"
+            " a slow origin shows in the backends' first byte instead.",
         )
 
     def _backends(self) -> Table:

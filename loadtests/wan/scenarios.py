@@ -1,8 +1,8 @@
 """What ``make wan`` measures, over which path, and the physical floor of each (pure: no I/O).
 
-Two scenarios put the same Node.js app behind the same certificate and the same
-TLS settings (TLS 1.2-1.3, Mozilla intermediate ciphers, ALPN http/1.1), seen
-from the ``user`` namespace of :mod:`loadtests.wan.emulator`:
+Three scenarios put the same Node.js app behind the same certificate and the
+same TLS settings (TLS 1.2-1.3, Mozilla intermediate ciphers, ALPN http/1.1),
+seen from the ``user`` namespace of :mod:`loadtests.wan.emulator`:
 
 * ``direct``: HAProxy terminates TLS at the origin site and proxies to the app
   -- what a team runs without geoedge. The user's TCP and TLS handshakes cross
@@ -11,6 +11,14 @@ from the ``user`` namespace of :mod:`loadtests.wan.emulator`:
   connection as one stream of its already-open tunnel to the origin balancer,
   which hands it to the app. Handshakes cross the short link (user <-> edge);
   each request crosses the long link (edge <-> origin) once.
+* ``nginx``: the peer to beat: stock nginx on the edge host terminates TLS
+  near the user and proxies each request over a pool of keep-alive TLS
+  connections to HAProxy at the origin site (:mod:`loadtests.wan.nginx`).
+  The same paths as ``edge``, so the same floors.
+
+A scenario is one entry of :data:`SCENARIOS`; the runner, the report and the
+chart take every entry, so adding one is adding an entry (and its process in
+:mod:`loadtests.wan.stack`).
 
 The floor
 ---------
@@ -78,6 +86,9 @@ class Scenario:
     upstream: str | None
     """The host the terminator forwards to across the WAN (None: the app is local)."""
     description: str
+    port: int = 443
+    """The HTTPS port the terminator listens on (the ``nginx`` edge shares the
+    edge host with geoedge's)."""
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -86,6 +97,13 @@ SCENARIOS: dict[str, Scenario] = {
     ),
     "edge": Scenario(
         "edge", "edge", "origin", "geoedge edge near the user, tunnel to the origin balancer"
+    ),
+    "nginx": Scenario(
+        "nginx",
+        "edge",
+        "origin",
+        "nginx near the user, keep-alive TLS pool to HAProxy at the origin",
+        port=8443,
     ),
 }
 

@@ -31,6 +31,8 @@ from tunnel.aio.control import ControlChannel, ControlHandler, ControlReply
 from tunnel.aio.errors import PeerRefused, StreamOpenError
 from tunnel.aio.read_pacing import ReadPacer
 from tunnel.aio.stream import TunnelStream
+from tunnel.aio.tcp_info import TcpInfo, read_tcp_info
+from tunnel.aio.trace import ConnectionTrace, trace_interval_s
 from tunnel.aio.warmup import CongestionWarmUp
 from tunnel.mux import (
     ConnectionTerminated,
@@ -59,6 +61,9 @@ NOTSENT_LOWAT_BYTES = 128 * 1024
 STREAM_HIGH_WATER = 256 * 1024
 STREAM_LOW_WATER = 64 * 1024
 
+#: Congestion controls the kernel refused, said once per process (not per socket).
+_UNAVAILABLE_CONGESTION_CONTROL: set[str] = set()
+
 StreamAcceptor = Callable[[TunnelStream], asyncio.BaseProtocol | None]
 
 
@@ -76,8 +81,9 @@ class ConnectionInfo:
 Authorizer = Callable[[asyncio.Transport], ConnectionInfo]
 
 
-def tune_socket(sock: socket.socket | None) -> None:
-    """TCP_NODELAY (frames are already coalesced) and TCP_NOTSENT_LOWAT."""
+def tune_socket(sock: socket.socket | None, congestion_control: str = "") -> None:
+    """TCP_NODELAY (frames are already coalesced), TCP_NOTSENT_LOWAT and, when
+    configured, the congestion control (``TCP_CONGESTION``)."""
     if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
         return
     try:
@@ -86,6 +92,18 @@ def tune_socket(sock: socket.socket | None) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, notsent_lowat, NOTSENT_LOWAT_BYTES)
     except OSError as exc:  # not fatal: only a tuning knob
         log.debug("socket tuning failed: %s", exc)
+    if congestion_control:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, congestion_control.encode())
+        except OSError as exc:  # the kernel lacks it (or forbids it): keep the default
+            if congestion_control not in _UNAVAILABLE_CONGESTION_CONTROL:
+                _UNAVAILABLE_CONGESTION_CONTROL.add(congestion_control)
+                log.warning(
+                    "tunnel sockets: congestion control %r unavailable (%s); they keep the"
+                    " host's default",
+                    congestion_control,
+                    exc.strerror or exc,
+                )
 
 
 class TunnelConnection(asyncio.Protocol):
@@ -139,6 +157,7 @@ class TunnelConnection(asyncio.Protocol):
         self.goaway_received = False
         self._listeners: list[Callable[[TunnelConnection, object], None]] = []
         self.warm_up: CongestionWarmUp | None = None
+        self._trace: ConnectionTrace | None = None
 
     # -- asyncio.Protocol -----------------------------------------------------
 
@@ -154,7 +173,7 @@ class TunnelConnection(asyncio.Protocol):
                 self.established.set_exception(exc)
                 self.established.exception()
             return
-        tune_socket(transport.get_extra_info("socket"))
+        tune_socket(transport.get_extra_info("socket"), self.config.congestion_control)
         self._reading.attach(transport)
         self._writer.attach(transport, self._dispatch)
 
@@ -170,6 +189,8 @@ class TunnelConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.warm_up is not None:
             self.warm_up.stop()
+        if self._trace is not None:
+            self._trace.stop()
         reason = f"transport lost: {exc}" if exc else "transport closed"
         self._dispatch(self.session.connection_lost(reason))
         self._writer.detach()
@@ -245,6 +266,11 @@ class TunnelConnection(asyncio.Protocol):
     @property
     def open_streams(self) -> int:
         return len(self._streams)
+
+    def tcp_info(self) -> TcpInfo | None:
+        """The kernel's view of this connection now (``TCP_INFO``), or None."""
+        transport = self._writer.transport
+        return None if transport is None else read_tcp_info(transport.get_extra_info("socket"))
 
     @property
     def srtt_s(self) -> float | None:
@@ -330,6 +356,9 @@ class TunnelConnection(asyncio.Protocol):
             if not self.established.done():
                 self.established.set_result(None)
             self.warm_up = CongestionWarmUp.start(self._writer, self.config)
+            interval = trace_interval_s()
+            if interval is not None:
+                self._trace = ConnectionTrace(self, interval)
         elif isinstance(event, GoAwayReceived):
             self.goaway_received = True
             log.info(

@@ -283,7 +283,7 @@ class Inbound:
             raise FrameSizeError("WINDOW_UPDATE must carry 4 octets")
         (increment,) = U32.unpack_from(payload, 0)
         if stream_id == 0:
-            self._out.credit_connection(increment)
+            self._out.credit_connection(increment, now)
             return
         stream = self._table.streams.get(stream_id)
         if stream is None:
@@ -295,7 +295,7 @@ class Inbound:
         if stream.send_window > MAX_WINDOW:
             raise StreamError(stream_id, "stream window above 2^31-1", ErrorCode.FLOW_CONTROL_ERROR)
         if stream.stall_since is not None:
-            self._out.unstall(stream)
+            self._out.unstall(stream, now)
         if stream.send_buffered or (stream.end_queued and not stream.end_sent):
             self._out.scheduler.push(stream_id)
 

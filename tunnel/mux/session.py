@@ -83,6 +83,18 @@ class SessionStatistics:
     error_budget_left: float
     established: bool
     closing: bool
+    stream_credit_stalls: int = 0
+    """Times one of our streams ran out of stream window with data queued."""
+    stream_credit_wait_s: float = 0.0
+    """Seconds our streams spent waiting for stream window, summed."""
+    connection_window_wait_s: float = 0.0
+    """Seconds DATA waited for the connection window."""
+    connection_credit_sent: int = 0
+    """Connection credit we granted the peer (octets of WINDOW_UPDATE on stream 0)."""
+    stream_credit_sent: int = 0
+    """Stream credit we granted the peer (octets of stream WINDOW_UPDATEs)."""
+    stream_window_estimate: int = 0
+    """The receive window a new stream starts with now (IMPLEMENTATION.md §N7.4)."""
 
 
 class Session:
@@ -135,6 +147,7 @@ class Session:
         self._last_received = now
         self._next_ping_at = now + config.ping_interval_s
         self._last_measure_ping = now
+        self._stream_credit_sent = 0
 
     # ------------------------------------------------------------------ receive
 
@@ -251,6 +264,7 @@ class Session:
         credit.return_credit(n, now)
         increment = window.consume(n, now, self.rtt)
         if increment and not stream.peer_ended:
+            self._stream_credit_sent += increment
             self._out.control.append(frames.encode_window_update(stream_id, increment))
             if now - self._last_measure_ping >= _MEASURE_PING_INTERVAL_S:
                 self._last_measure_ping = now  # keep the delay signal fresh (window.py)
@@ -416,6 +430,12 @@ class Session:
             error_budget_left=self._budget.tokens,
             established=self._inbound.established,
             closing=self.closing,
+            stream_credit_stalls=out.stalls,
+            stream_credit_wait_s=out.stalled_s,
+            connection_window_wait_s=out.window_blocked_s,
+            connection_credit_sent=self._credit.credit_sent,
+            stream_credit_sent=self._stream_credit_sent,
+            stream_window_estimate=self._credit.stream_window_estimate(),
         )
 
 
