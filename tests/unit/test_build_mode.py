@@ -19,6 +19,7 @@ import pytest
 from geoedge.cli import main as geoedge_main
 from tests.compiled import compiler_available, expected_build_mode
 from tunnel.build_mode import (
+    BINDINGS,
     COMPILED_MODULES,
     NO_EXTENSIONS_VARIABLE,
     build_mode,
@@ -172,8 +173,13 @@ def _slots(source: Path) -> dict[str, set[str]]:
     return found
 
 
+#: The .pxd files declaring a C library's API for a binding (lib<name>.pxd): no module's types.
+LIBRARY_PXDS = {f"lib{library}.pxd" for libraries in BINDINGS.values() for library in libraries}
 PXDS = sorted(
-    p for package in ("tunnel", "edge", "origin") for p in (ROOT / package).rglob("*.pxd")
+    p
+    for package in ("tunnel", "edge", "origin")
+    for p in (ROOT / package).rglob("*.pxd")
+    if p.name not in LIBRARY_PXDS
 )
 
 
