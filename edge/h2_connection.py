@@ -109,6 +109,11 @@ class EdgeH2Connection(h2.connection.H2Connection):
         return frames, [StreamRefused(frame.stream_id)]
 
 
+#: SETTINGS_NO_RFC7540_PRIORITIES (RFC 9218 §2.1), which h2 does not name:
+#: the edge ignores RFC 7540 priority signals, on either engine, and says so.
+NO_RFC7540_PRIORITIES = 0x9
+
+
 def new_h2_connection(
     *, max_concurrent_streams: int, max_header_list_size: int, stream_window: int
 ) -> EdgeH2Connection:
@@ -139,6 +144,7 @@ def new_h2_connection(
             codes.MAX_HEADER_LIST_SIZE: max_header_list_size,
             codes.INITIAL_WINDOW_SIZE: stream_window,
             codes.ENABLE_CONNECT_PROTOCOL: 1,
+            NO_RFC7540_PRIORITIES: 1,
         },
     )
     conn.decoder.max_header_list_size = max_header_list_size

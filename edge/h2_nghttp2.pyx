@@ -102,6 +102,10 @@ cdef size_t _MAX_SETTINGS_ENTRIES = 16384 // 6 + 1  # every entry a frame can ca
 #: ``h2`` refuses a header block of more than 64 frames (HEADERS and 63 CONTINUATION).
 cdef size_t _MAX_CONTINUATIONS = 63
 
+#: A SETTINGS acknowledgement (RFC 9113 §6.5), fed to nghttp2 after the
+#: client's first SETTINGS (see the module docstring).
+cdef const uint8_t *_SETTINGS_ACK = b"\x00\x00\x00\x04\x01\x00\x00\x00\x00"
+
 cdef object _RequestReceived = h2.events.RequestReceived
 cdef object _TrailersReceived = h2.events.TrailersReceived
 cdef object _DataReceived = h2.events.DataReceived
@@ -168,6 +172,7 @@ cdef class NgHttp2Connection:
     cdef object _callback_error  # an exception raised in a callback, raised again after
     cdef object _data  # the DATA frame being read: None, bytes, or a list of its pieces
     cdef dict _padding  # stream -> padding octets nghttp2 credited, not yet acknowledged
+    cdef set _open  # the client's streams open (not closed): max_concurrent_streams counts them
     cdef object _remote_settings
     cdef int32_t _highest_inbound
     # Reading input one frame at a time (see the module docstring).
@@ -175,14 +180,25 @@ cdef class NgHttp2Connection:
     cdef Py_ssize_t _frame_left
     cdef uint8_t _head[9]
     cdef Py_ssize_t _head_length
+    cdef int32_t _frame_stream
+    cdef uint8_t _frame_kind
+    cdef bint _block_ends  # the header block ends with the frame being read (END_HEADERS)
+    cdef bint _holding  # a reset sent now is reported at the end of the frame: _held
+    cdef object _held
     cdef bint _skipping
-    cdef int _acks_seen
+    cdef Py_ssize_t _frame_length
+    # The first octets of a PRIORITY, WINDOW_UPDATE or padded DATA frame's
+    # payload, as they are read (_end_frame checks them).
+    cdef uint8_t _payload[5]
+    cdef Py_ssize_t _payload_length  # how many; -1: not such a frame
+    cdef bint _settings_applied
     # The DATA being sent (see the invariants).
     cdef bytes _chunk
     cdef Py_ssize_t _chunk_at
 
     def __cinit__(self) -> None:
         self._session = NULL
+        self._payload_length = -1
 
     def __init__(
         self,
@@ -198,6 +214,7 @@ cdef class NgHttp2Connection:
         self._events = []
         self._fields = []
         self._padding = {}
+        self._open = set()
         self._max_header_list_size = max_header_list_size
         self._max_concurrent_streams = max_concurrent_streams
         self._stream_window = stream_window
@@ -211,6 +228,7 @@ cdef class NgHttp2Connection:
         nghttp2_session_callbacks_set_on_begin_frame_callback(callbacks, _on_begin_frame)
         nghttp2_session_callbacks_set_on_header_callback(callbacks, _on_header)
         nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, _on_data_chunk)
+        nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, _on_stream_close)
         nghttp2_session_callbacks_set_error_callback2(callbacks, _on_error)
         if nghttp2_option_new(&option) != 0:
             nghttp2_session_callbacks_del(callbacks)
@@ -236,20 +254,23 @@ cdef class NgHttp2Connection:
     # -- h2.connection.H2Connection's interface ------------------------------------------
 
     def initiate_connection(self) -> None:
-        """Our SETTINGS: two frames (see the module docstring)."""
-        cdef nghttp2_settings_entry first[3]
-        cdef nghttp2_settings_entry second[1]
-        first[0].settings_id = NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE
-        first[0].value = <uint32_t>self._max_header_list_size
-        first[1].settings_id = NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE
-        first[1].value = <uint32_t>self._stream_window
-        first[2].settings_id = NGHTTP2_SETTINGS_ENABLE_CONNECT_PROTOCOL
-        first[2].value = 1
-        second[0].settings_id = NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS
-        second[0].value = <uint32_t>self._max_concurrent_streams
-        _check(nghttp2_submit_settings(self._session, NGHTTP2_FLAG_NONE, first, 3))
-        _check(nghttp2_submit_settings(self._session, NGHTTP2_FLAG_NONE, second, 1))
+        """Our SETTINGS: nghttp2's, then ``max_concurrent_streams`` in a frame
+        of our own (see the module docstring)."""
+        cdef nghttp2_settings_entry entries[4]
+        entries[0].settings_id = NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE
+        entries[0].value = <uint32_t>self._max_header_list_size
+        entries[1].settings_id = NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE
+        entries[1].value = <uint32_t>self._stream_window
+        entries[2].settings_id = NGHTTP2_SETTINGS_ENABLE_CONNECT_PROTOCOL
+        entries[2].value = 1
+        entries[3].settings_id = NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES
+        entries[3].value = 1
+        _check(nghttp2_submit_settings(self._session, NGHTTP2_FLAG_NONE, entries, 4))
         self._flush()
+        # SETTINGS (RFC 9113 §6.5): length 6, type 0x4, no flags, stream 0; one entry.
+        self._out += b"\x00\x00\x06\x04\x00\x00\x00\x00\x00\x00\x03" + (
+            <uint32_t>self._max_concurrent_streams
+        ).to_bytes(4, "big")
 
     def increment_flow_control_window(self, increment: int, stream_id: int | None = None) -> None:
         _check(nghttp2_submit_window_update(
@@ -265,6 +286,7 @@ cdef class NgHttp2Connection:
         cdef Py_ssize_t n = len(view)
         cdef Py_ssize_t at = 0
         cdef Py_ssize_t take
+        cdef Py_ssize_t keep
         cdef list events
         if self._failed:
             raise _ProtocolError(self._failure)
@@ -285,12 +307,20 @@ cdef class NgHttp2Connection:
                     if self._head_length == 9:
                         self._head_length = 0
                         self._begin_frame()
+                        if self._frame_left == 0:
+                            self._end_frame()
                 else:
                     take = min(self._frame_left, n - at)
+                    if 0 <= self._payload_length < 5:
+                        keep = min(take, 5 - self._payload_length)
+                        memcpy(self._payload + self._payload_length, p + at, keep)
+                        self._payload_length += keep
                     if not self._skipping:
                         self._feed(p + at, take)
                     self._frame_left -= take
                     at += take
+                    if self._frame_left == 0:
+                        self._end_frame()
         finally:
             self._receiving = False
             self._events = []
@@ -437,13 +467,26 @@ cdef class NgHttp2Connection:
         cdef uint8_t flags = head[4]
         cdef int32_t stream_id = ((head[5] & 0x7F) << 24) | (head[6] << 16) | (head[7] << 8) | head[8]
         cdef nghttp2_stream *stream
+        # A header block awaits its CONTINUATION: any other frame is nghttp2's
+        # to refuse (PROTOCOL_ERROR, RFC 9113 §6.10), so it is passed on as it is.
+        cdef bint in_block = (
+            self._frame_kind == NGHTTP2_HEADERS or self._frame_kind == NGHTTP2_CONTINUATION
+        ) and not self._block_ends
+        self._frame_stream = stream_id
+        self._frame_kind = kind
         self._frame_left = length
         self._skipping = False
-        if kind == NGHTTP2_SETTINGS and flags & NGHTTP2_FLAG_ACK and length == 0:
-            self._acks_seen += 1
-            if self._acks_seen == 2:  # the acknowledgement of max_concurrent_streams
-                self._skipping = True
-                return 0
+        self._frame_length = length
+        self._payload_length = (
+            0 if kind == NGHTTP2_PRIORITY and length == 5
+            or kind == NGHTTP2_WINDOW_UPDATE and length == 4
+            or kind == NGHTTP2_DATA and flags & NGHTTP2_FLAG_PADDED else -1
+        )
+        if in_block:
+            pass
+        elif kind == NGHTTP2_SETTINGS and flags & NGHTTP2_FLAG_ACK and length == 0 and not stream_id:
+            self._skipping = True  # nghttp2 had its acknowledgement (_end_frame)
+            return 0
         elif (kind == NGHTTP2_HEADERS or kind == NGHTTP2_DATA) and stream_id:
             stream = nghttp2_session_find_stream(self._session, stream_id)
             if (
@@ -453,8 +496,63 @@ cdef class NgHttp2Connection:
                 _check(nghttp2_submit_rst_stream(
                     self._session, NGHTTP2_FLAG_NONE, stream_id, NGHTTP2_STREAM_CLOSED
                 ))
+                self._holding = True  # its event comes when h2 would make it (_end_frame)
                 self._flush()
+                self._holding = False
+        if kind == NGHTTP2_HEADERS or kind == NGHTTP2_CONTINUATION:
+            self._block_ends = flags & NGHTTP2_FLAG_END_HEADERS
         self._feed(head, 9)
+        return 0
+
+    cdef int _end_frame(self) except -1:
+        """A frame is read whole. nghttp2 does not read PRIORITY frames once it
+        said SETTINGS_NO_RFC7540_PRIORITIES: they are ``h2``'s to check and
+        report here (the front end counts them: PRIORITY floods). A
+        WINDOW_UPDATE of 0 and a padded DATA frame without room for its
+        padding end the connection, as ``h2`` ends it, on any stream: nghttp2
+        ignores such frames on a closed stream unread."""
+        cdef uint8_t *payload = self._payload
+        cdef nghttp2_priority_spec spec
+        cdef int32_t stream_id = self._frame_stream
+        cdef uint8_t kind = self._frame_kind
+        if self._held is not None and (
+            kind == NGHTTP2_DATA
+            or (kind == NGHTTP2_HEADERS or kind == NGHTTP2_CONTINUATION) and self._block_ends
+        ):  # the frame (or header block) on an ended stream is whole: h2 resets it now
+            if not self._failed:
+                self._events.append(self._held)
+            self._held = None
+        if not self._settings_applied:  # the client's first frame, its SETTINGS
+            self._settings_applied = True
+            self._feed(_SETTINGS_ACK, 9)
+        if (
+            kind == NGHTTP2_WINDOW_UPDATE and self._payload_length == 4 and not self._failed
+            and not (payload[0] & 0x7F or payload[1] or payload[2] or payload[3])
+        ):
+            self._terminate(NGHTTP2_PROTOCOL_ERROR, "Received frame with non-compliant data")
+            self._flush()
+        elif kind == NGHTTP2_DATA and self._payload_length >= 0 and not self._failed:
+            if self._frame_length == 0:  # §6.1: no Pad Length field
+                self._terminate(NGHTTP2_PROTOCOL_ERROR, "Frame data missing or invalid")
+            elif payload[0] >= self._frame_length:  # §6.1: PROTOCOL_ERROR
+                self._terminate(NGHTTP2_PROTOCOL_ERROR, "Received frame with invalid padding.")
+            self._flush()
+        elif kind == NGHTTP2_PRIORITY and self._payload_length == 5 and not self._failed:
+            spec.stream_id = (
+                ((payload[0] & 0x7F) << 24) | (payload[1] << 16) | (payload[2] << 8) | payload[3]
+            )
+            spec.exclusive = payload[0] >> 7
+            spec.weight = payload[4] + 1
+            if stream_id == 0:
+                self._terminate(NGHTTP2_PROTOCOL_ERROR, "PRIORITY on stream 0")
+            elif spec.stream_id == stream_id:
+                self._terminate(
+                    NGHTTP2_PROTOCOL_ERROR, f"Stream {stream_id} may not depend on itself"
+                )
+            else:
+                self._priority_event(stream_id, &spec)
+            self._flush()
+        self._payload_length = -1
         return 0
 
     cdef int _feed(self, const uint8_t *data, Py_ssize_t length) except -1:
@@ -566,6 +664,15 @@ cdef class NgHttp2Connection:
         elif kind == NGHTTP2_HEADERS:
             fields, self._fields = self._fields, []
             if frame.headers.cat == NGHTTP2_HCAT_REQUEST:
+                if len(self._open) >= self._max_concurrent_streams:
+                    # Past the limit: refused alone, its block decoded (HPACK's
+                    # table, the header list's bound); StreamRefused is reported
+                    # when the RST_STREAM goes (_frame_sent), as h2's refusal.
+                    _check(nghttp2_submit_rst_stream(
+                        self._session, NGHTTP2_FLAG_NONE, stream_id, NGHTTP2_REFUSED_STREAM
+                    ))
+                    return 0
+                self._open.add(stream_id)
                 event = _new(_RequestReceived)
                 if stream_id > self._highest_inbound:
                     self._highest_inbound = stream_id
@@ -580,7 +687,7 @@ cdef class NgHttp2Connection:
             events.append(event)
             event.stream_ended = self._ended(stream_id) if ended else None
             if flags & NGHTTP2_FLAG_PRIORITY:
-                event.priority_updated = self._priority(stream_id, &frame.headers.pri_spec)
+                event.priority_updated = self._priority_event(stream_id, &frame.headers.pri_spec)
         elif kind == NGHTTP2_WINDOW_UPDATE:
             event = _new(_WindowUpdated)
             event.stream_id = stream_id
@@ -614,7 +721,7 @@ cdef class NgHttp2Connection:
             event.ping_data = PyBytes_FromStringAndSize(<char *>frame.ping.opaque_data, 8)
             events.append(event)
         elif kind == NGHTTP2_PRIORITY:
-            self._priority(stream_id, &frame.priority.pri_spec)
+            self._priority_event(stream_id, &frame.priority.pri_spec)
         elif kind == NGHTTP2_GOAWAY:
             event = _new(_ConnectionTerminated)
             event.error_code = _error_code(frame.goaway.error_code)
@@ -634,7 +741,7 @@ cdef class NgHttp2Connection:
         self._events.append(event)
         return event
 
-    cdef object _priority(self, int32_t stream_id, const nghttp2_priority_spec *spec):
+    cdef object _priority_event(self, int32_t stream_id, const nghttp2_priority_spec *spec):
         event = _new(_PriorityUpdated)
         event.stream_id = stream_id
         event.weight = spec.weight
@@ -661,6 +768,9 @@ cdef class NgHttp2Connection:
                 event.stream_id = frame.hd.stream_id
                 event.error_code = _error_code(frame.rst_stream.error_code)
                 event.remote_reset = False
+            if self._holding:
+                self._held = event
+                return 0
             self._events.append(event)
         elif kind == NGHTTP2_GOAWAY:
             self._fail(self._reason or f"GOAWAY {_error_code(frame.goaway.error_code)!r}")
@@ -756,6 +866,14 @@ cdef int _on_data_chunk(
     except BaseException as exc:
         conn._callback_error = exc
         return NGHTTP2_ERR_CALLBACK_FAILURE
+
+
+cdef int _on_stream_close(
+    nghttp2_session *session, int32_t stream_id, uint32_t error_code, void *user_data,
+) noexcept:
+    conn = <NgHttp2Connection>user_data
+    conn._open.discard(stream_id)
+    return 0
 
 
 cdef int _on_error(

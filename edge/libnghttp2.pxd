@@ -127,6 +127,8 @@ cdef extern from "nghttp2/nghttp2.h":
         nghttp2_session *session, const nghttp2_frame *frame, const uint8_t *name,
         size_t namelen, const uint8_t *value, size_t valuelen, uint8_t flags,
         void *user_data)
+    ctypedef int (*nghttp2_on_stream_close_callback)(
+        nghttp2_session *session, int32_t stream_id, uint32_t error_code, void *user_data)
     ctypedef int (*nghttp2_on_data_chunk_recv_callback)(
         nghttp2_session *session, uint8_t flags, int32_t stream_id, const uint8_t *data,
         size_t len, void *user_data)
@@ -146,6 +148,7 @@ cdef extern from "nghttp2/nghttp2.h":
     uint8_t NGHTTP2_FLAG_END_HEADERS
     uint8_t NGHTTP2_FLAG_ACK
     uint8_t NGHTTP2_FLAG_PRIORITY
+    uint8_t NGHTTP2_FLAG_PADDED
     uint8_t NGHTTP2_NV_FLAG_NONE
     uint8_t NGHTTP2_NV_FLAG_NO_INDEX
     uint32_t NGHTTP2_DATA_FLAG_EOF
@@ -158,12 +161,14 @@ cdef extern from "nghttp2/nghttp2.h":
     uint8_t NGHTTP2_PING
     uint8_t NGHTTP2_GOAWAY
     uint8_t NGHTTP2_WINDOW_UPDATE
+    uint8_t NGHTTP2_CONTINUATION
 
     int32_t NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS
     int32_t NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE
     int32_t NGHTTP2_SETTINGS_MAX_FRAME_SIZE
     int32_t NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE
     int32_t NGHTTP2_SETTINGS_ENABLE_CONNECT_PROTOCOL
+    int32_t NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES
 
     uint32_t NGHTTP2_NO_ERROR
     uint32_t NGHTTP2_PROTOCOL_ERROR
@@ -195,6 +200,8 @@ cdef extern from "nghttp2/nghttp2.h":
         nghttp2_session_callbacks *cbs, nghttp2_on_begin_frame_callback cb)
     void nghttp2_session_callbacks_set_on_header_callback(
         nghttp2_session_callbacks *cbs, nghttp2_on_header_callback cb)
+    void nghttp2_session_callbacks_set_on_stream_close_callback(
+        nghttp2_session_callbacks *cbs, nghttp2_on_stream_close_callback cb)
     void nghttp2_session_callbacks_set_on_data_chunk_recv_callback(
         nghttp2_session_callbacks *cbs, nghttp2_on_data_chunk_recv_callback cb)
     void nghttp2_session_callbacks_set_error_callback2(
