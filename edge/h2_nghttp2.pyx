@@ -99,6 +99,12 @@ __all__ = ["NgHttp2Connection", "library_version"]
 #: The settings the connection says first, then ``max_concurrent_streams``
 #: alone in a frame of its own (see the module docstring).
 cdef size_t _MAX_SETTINGS_ENTRIES = 16384 // 6 + 1  # every entry a frame can carry
+#: Our SETTINGS_MAX_FRAME_SIZE: the default, never changed.
+cdef Py_ssize_t _MAX_FRAME_SIZE = 16384
+#: How many closed streams the connection remembers of each kind (see
+#: ``_closed_stream_frame``): a reset's or a skip's answer is right for this
+#: long after it; ``h2`` remembers 65536 closed streams, at ~100 octets each.
+cdef Py_ssize_t _MAX_REMEMBERED = 1024
 #: ``h2`` refuses a header block of more than 64 frames (HEADERS and 63 CONTINUATION).
 cdef size_t _MAX_CONTINUATIONS = 63
 
@@ -173,6 +179,13 @@ cdef class NgHttp2Connection:
     cdef object _data  # the DATA frame being read: None, bytes, or a list of its pieces
     cdef dict _padding  # stream -> padding octets nghttp2 credited, not yet acknowledged
     cdef set _open  # the client's streams open (not closed): max_concurrent_streams counts them
+    # Streams nghttp2 no longer knows (see _closed_stream_frame): those closed
+    # by a reset, either way (the latest _MAX_REMEMBERED, in order), and the
+    # ids the client skipped ((first, last) ranges, the latest _MAX_REMEMBERED).
+    cdef dict _reset_closed
+    cdef list _skipped
+    cdef uint32_t _block_error  # a connection error at the end of this header block
+    cdef bint _quiet  # a reset sent now is not reported (h2 reports none)
     cdef object _remote_settings
     cdef int32_t _highest_inbound
     # Reading input one frame at a time (see the module docstring).
@@ -215,6 +228,8 @@ cdef class NgHttp2Connection:
         self._fields = []
         self._padding = {}
         self._open = set()
+        self._reset_closed = {}
+        self._skipped = []
         self._max_header_list_size = max_header_list_size
         self._max_concurrent_streams = max_concurrent_streams
         self._stream_window = stream_window
@@ -482,14 +497,33 @@ cdef class NgHttp2Connection:
             or kind == NGHTTP2_WINDOW_UPDATE and length == 4
             or kind == NGHTTP2_DATA and flags & NGHTTP2_FLAG_PADDED else -1
         )
-        if in_block:
-            pass
+        if in_block or length > _MAX_FRAME_SIZE:
+            pass  # nghttp2's to refuse, at its header
+        elif kind == NGHTTP2_PUSH_PROMISE:  # RFC 9113 §8.4: at its header, as h2 refuses it
+            self._terminate(
+                NGHTTP2_PROTOCOL_ERROR, "Received frame with invalid header: a client's PUSH_PROMISE"
+            )
+            self._flush()
+            return 0
+        elif (stream_id == 0) == (
+            kind == NGHTTP2_DATA or kind == NGHTTP2_HEADERS or kind == NGHTTP2_PRIORITY
+            or kind == NGHTTP2_RST_STREAM or kind == NGHTTP2_CONTINUATION
+        ) and kind <= NGHTTP2_CONTINUATION and kind != NGHTTP2_WINDOW_UPDATE:
+            # A frame on a stream when it must not be, or the reverse (RFC 9113
+            # §6): refused at its header, as h2 refuses it, not once read whole.
+            self._terminate(
+                NGHTTP2_PROTOCOL_ERROR, f"Received frame with invalid header: type {kind}, stream {stream_id}"
+            )
+            self._flush()
+            return 0
         elif kind == NGHTTP2_SETTINGS and flags & NGHTTP2_FLAG_ACK and length == 0 and not stream_id:
             self._skipping = True  # nghttp2 had its acknowledgement (_end_frame)
             return 0
         elif (kind == NGHTTP2_HEADERS or kind == NGHTTP2_DATA) and stream_id:
             stream = nghttp2_session_find_stream(self._session, stream_id)
-            if (
+            if stream is NULL and stream_id & 1 and stream_id <= self._highest_inbound:
+                self._closed_stream_frame(kind, stream_id)
+            elif (
                 stream is not NULL
                 and nghttp2_stream_get_state(stream) == NGHTTP2_STREAM_STATE_HALF_CLOSED_REMOTE
             ):  # a stream error, STREAM_CLOSED: reset first, nghttp2 then ignores the frame
@@ -502,6 +536,54 @@ cdef class NgHttp2Connection:
         if kind == NGHTTP2_HEADERS or kind == NGHTTP2_CONTINUATION:
             self._block_ends = flags & NGHTTP2_FLAG_END_HEADERS
         self._feed(head, 9)
+        return 0
+
+    cdef int _closed_stream_frame(self, uint8_t kind, int32_t stream_id) except -1:
+        """HEADERS or DATA on a stream of the client's that nghttp2 no longer
+        knows (it keeps no closed streams), which nghttp2 would ignore: answered
+        as ``h2`` answers it (RFC 9113 §5.1, §5.1.1), h2spec's "closed" cases.
+        DATA, or HEADERS on a stream closed by a reset: a stream error,
+        STREAM_CLOSED (the client may not have seen the reset yet). HEADERS on
+        a stream closed at both ends: a connection error, STREAM_CLOSED; on a
+        stream id the client skipped: PROTOCOL_ERROR; either at the end of the
+        header block, which nghttp2 decodes meanwhile (HPACK's table). Only the
+        latest resets and skips are remembered: an older one counts as a
+        stream closed at both ends."""
+        cdef Py_ssize_t i
+        if kind == NGHTTP2_DATA or stream_id in self._reset_closed:
+            _check(nghttp2_submit_rst_stream(
+                self._session, NGHTTP2_FLAG_NONE, stream_id, NGHTTP2_STREAM_CLOSED
+            ))
+            self._quiet = True
+            try:
+                self._flush()
+            finally:
+                self._quiet = False
+            return 0
+        self._block_error = NGHTTP2_STREAM_CLOSED
+        for i in range(len(self._skipped)):
+            first, last = self._skipped[i]
+            if first <= stream_id <= last:
+                self._block_error = NGHTTP2_PROTOCOL_ERROR
+                break
+        return 0
+
+    cdef int _new_stream(self, int32_t stream_id) except -1:
+        """The client opened ``stream_id``: the ids it skipped are remembered."""
+        if stream_id > self._highest_inbound + 2:
+            self._skipped.append((self._highest_inbound + 2 if self._highest_inbound else 1,
+                                  stream_id - 2))
+            if len(self._skipped) > _MAX_REMEMBERED:
+                del self._skipped[0]
+        if stream_id > self._highest_inbound:
+            self._highest_inbound = stream_id
+        return 0
+
+    cdef int _remember_reset(self, int32_t stream_id) except -1:
+        if stream_id and stream_id & 1:
+            self._reset_closed[stream_id] = None
+            if len(self._reset_closed) > _MAX_REMEMBERED:
+                del self._reset_closed[next(iter(self._reset_closed))]
         return 0
 
     cdef int _end_frame(self) except -1:
@@ -522,6 +604,13 @@ cdef class NgHttp2Connection:
             if not self._failed:
                 self._events.append(self._held)
             self._held = None
+        if self._block_error and self._block_ends:
+            if self._block_error == NGHTTP2_PROTOCOL_ERROR:
+                self._terminate(self._block_error, f"Stream ID {stream_id} is too low")
+            else:
+                self._terminate(self._block_error, f"Stream {stream_id} is closed")
+            self._block_error = 0
+            self._flush()
         if not self._settings_applied:  # the client's first frame, its SETTINGS
             self._settings_applied = True
             self._feed(_SETTINGS_ACK, 9)
@@ -664,6 +753,7 @@ cdef class NgHttp2Connection:
         elif kind == NGHTTP2_HEADERS:
             fields, self._fields = self._fields, []
             if frame.headers.cat == NGHTTP2_HCAT_REQUEST:
+                self._new_stream(stream_id)
                 if len(self._open) >= self._max_concurrent_streams:
                     # Past the limit: refused alone, its block decoded (HPACK's
                     # table, the header list's bound); StreamRefused is reported
@@ -674,8 +764,6 @@ cdef class NgHttp2Connection:
                     return 0
                 self._open.add(stream_id)
                 event = _new(_RequestReceived)
-                if stream_id > self._highest_inbound:
-                    self._highest_inbound = stream_id
             else:
                 if not ended:
                     self._terminate(NGHTTP2_PROTOCOL_ERROR, "Trailers must have END_STREAM set")
@@ -695,6 +783,7 @@ cdef class NgHttp2Connection:
             events.append(event)
         elif kind == NGHTTP2_RST_STREAM:
             if nghttp2_session_find_stream(self._session, stream_id) is not NULL:
+                self._remember_reset(stream_id)
                 event = _new(_StreamReset)
                 event.stream_id = stream_id
                 event.error_code = _error_code(frame.rst_stream.error_code)
@@ -755,6 +844,10 @@ cdef class NgHttp2Connection:
         become events (REFUSED_STREAM: :class:`StreamRefused`), its GOAWAY a
         connection error."""
         cdef uint8_t kind = frame.hd.type
+        if self._quiet:  # a stream nghttp2 no longer knows: how it closed stays as it was
+            return 0
+        if kind == NGHTTP2_RST_STREAM:
+            self._remember_reset(frame.hd.stream_id)
         if not self._receiving:
             return 0
         if kind == NGHTTP2_RST_STREAM:
