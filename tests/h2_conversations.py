@@ -246,10 +246,13 @@ def conversations(draw: st.DrawFn) -> list[bytes]:
 @dataclass(frozen=True)
 class Transcript:
     """What one engine made of a conversation: each read's events, and the
-    connection error that ended it (GOAWAY's error code; -1 without GOAWAY)."""
+    connection error that ended it (GOAWAY's error code; -1 without GOAWAY),
+    and the RST_STREAM frames it sent ((stream, error code), in order) before
+    the read that ended it."""
 
     events: list[list[tuple[Any, ...]]]
     error: int | None
+    resets: list[tuple[int, int]] = field(default_factory=list, compare=False)
     reason: str = field(default="", compare=False)  # the exception's text
 
 
@@ -314,14 +317,19 @@ def connection_transcript(engine: str, reads: Sequence[bytes]) -> Transcript:
     its connection error (whose read's events it drops, as both engines do)."""
     conn = new_connection(engine)
     events: list[list[tuple[Any, ...]]] = []
+    resets: list[tuple[int, int]] = []
     for read in reads:
         try:
             got = conn.receive_data(read)
         except h2.exceptions.ProtocolError as exc:
-            return Transcript(events, goaway_code(conn.data_to_send()), str(exc))
+            return Transcript(events, goaway_code(conn.data_to_send()), resets, str(exc))
         events.append([n for n in map(normal, got) if n is not None])
-        conn.data_to_send()
-    return Transcript(events, None)
+        resets += [
+            (frame.stream_id, frame.error_code)
+            for frame in hyperframe_frames(conn.data_to_send())
+            if isinstance(frame, hyperframe.frame.RstStreamFrame)
+        ]
+    return Transcript(events, None, resets)
 
 
 def hyperframe_frames(data: bytes) -> list[hyperframe.frame.Frame]:
