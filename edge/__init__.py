@@ -22,3 +22,5 @@ Its shape is the origin's (:mod:`origin`), one module per concern:
   :mod:`edge.ocsp`, :mod:`edge.deadlines`, :mod:`edge.admission`, :mod:`edge.ledger`,
   :mod:`edge.request_record`, :mod:`edge.status`.
 """
+
+import tunnel.build_mode  # noqa: F401  (chooses the build before any compiled module loads)

@@ -72,7 +72,7 @@ from geoedge.reload import (
 )
 from geoedge.status_window import MetricsWindow
 from geoedge.systemd import ServiceNotifier
-from geoedge.version import running_version
+from geoedge.version import running_version, version_line
 from geoedge.worker_requests import TooManyRequests
 from geoedge.workers import Supervisor, WorkerContext, listen_control, report_ready
 
@@ -209,12 +209,12 @@ class EdgeDaemon:
                 raise ListenError("[admin] address", config.admin.address, exc) from None
             self.reloader.start(control_sock)
             log.info(
-                "edge %s %s %s with %d worker(s), version %s",
+                "edge %s %s %s with %d worker(s), geoedge %s",
                 config.edge.id,
                 "reloaded: serving" if inherited is not None else "serving",
                 ", ".join(x.address for x in config.listeners),
                 supervisor.target,
-                running_version(),
+                version_line(),
             )
             loop = asyncio.get_running_loop()
             if not self._serving:

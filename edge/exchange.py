@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from edge.deadlines import Deadlines
 from edge.exchange_rules import MAX_RESENDS, Fault, Step, on_fault
 from edge.exchange_upstream import Upstream
 from edge.exchange_wait import TunnelWait, TunnelWaiters
@@ -65,6 +66,7 @@ class ExchangeServices(TunnelWaiters, Protocol):
     http_limits: HttpLimits
     tunnel_wait_s: float
     draining: bool
+    deadlines: Deadlines
     cache: EdgeCache | None
     """The worker's cache and compressor (None: neither is on)."""
 
@@ -166,7 +168,13 @@ class Exchange:
         # The request's own items first: the origin decodes the connection's,
         # which follow, once per client connection (StreamMetadata.decode).
         self._connection_metadata = (
-            encode_request_fields(head.host, head.request_id, record.method, record.path)
+            encode_request_fields(
+                head.host,
+                head.request_id,
+                record.method,
+                record.path,
+                long_poll=services.deadlines.is_long_poll(record.path),
+            )
             + connection_metadata
         )
         self.decode_chunked = decode_chunked
@@ -223,8 +231,11 @@ class Exchange:
         self._send_up(data)
 
     def request_complete(self) -> None:
-        """The request (head and body) has been received whole from the client."""
+        """The request (head and body) has been received whole from the client:
+        the first-byte deadline counts from here (a slow upload is not the
+        backend's fault; the body deadline covered it)."""
         self.request_whole = True
+        self.upstream_active_at = time.monotonic()
 
     def client_half_closed(self) -> None:
         """The client closed its sending side of an upgraded connection."""

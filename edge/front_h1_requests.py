@@ -124,6 +124,11 @@ class Http1Requests:
         return exchange.upstream_active_at if exchange is not None else self.client_active_at
 
     @property
+    def response_started(self) -> bool:
+        exchange = self.exchange
+        return exchange is not None and exchange.record.first_byte > 0
+
+    @property
     def response_paused(self) -> bool:
         exchange = self.exchange
         return exchange is not None and exchange.response_paused

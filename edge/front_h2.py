@@ -63,7 +63,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from edge.deadlines import Deadlines
+from edge.deadlines import Deadlines, response_limit
 from edge.exchange import Exchange, RequestRecord
 from edge.front_h2_requests import Http2Requests
 from edge.front_h2_session import H2Session
@@ -261,11 +261,8 @@ class Http2Connection(asyncio.Protocol):
                 if now - stream.client_active_at > deadlines.body_s:
                     exchange.reject(408, "request body timeout")
             elif not exchange.response_paused:
-                limit = deadlines.response_s
-                if deadlines.long_poll_prefixes and exchange.record.path.startswith(
-                    deadlines.long_poll_prefixes
-                ):
-                    limit = deadlines.tunnel_idle_s
+                record = exchange.record
+                limit = response_limit(deadlines, record.first_byte > 0, record.path)
                 if now - exchange.upstream_active_at > limit:
                     exchange.time_out()
 

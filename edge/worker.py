@@ -89,7 +89,8 @@ class EdgeWorker:
             header_s=http.header_timeout_s,
             keepalive_s=http.keepalive_timeout_s,
             body_s=http.body_timeout_s,
-            response_s=http.response_timeout_s,
+            first_byte_s=http.first_byte_timeout_s,
+            between_bytes_s=http.between_bytes_timeout_s,
             tunnel_idle_s=http.websocket_idle_timeout_s,
             long_poll_prefixes=http.long_poll_prefixes,
         )
@@ -119,14 +120,14 @@ class EdgeWorker:
         self._retransmits = RetransmitTally()
         self.metrics = EdgeMetrics()
         self.process_metrics = ProcessMetrics("edge")
-        limits = config.limits
+        caps = config.admission
         # The caps are per host: this worker enforces its share.
         workers = resolve_worker_count(config.edge.workers)
         self.admission = ConnectionAdmission(
-            worker_share(limits.max_connections, workers),
-            worker_share(limits.max_connections_per_client_ip, workers),
+            worker_share(caps.max_connections, workers),
+            worker_share(caps.max_connections_per_client_ip, workers),
         )
-        self.request_rate = RequestRate(limits.requests_per_s_per_client_ip, limits.request_burst)
+        self.request_rate = RequestRate(caps.requests_per_s_per_client_ip, caps.request_burst)
         #: The worker's ACME tables (None without [acme] enabled).
         self.acme = (
             None
@@ -150,7 +151,7 @@ class EdgeWorker:
                 config.cache,
                 config.compression,
                 config.edge.id,
-                response_timeout_s=http.response_timeout_s,
+                response_timeout_s=http.first_byte_timeout_s,
             )
         self.control_handlers.add(ControlKind.CACHE_PURGE, self.purge_from_origin)
 
@@ -189,7 +190,7 @@ class EdgeWorker:
             return RedirectListener(
                 sock, lambda: Http1Connection(self, trusted=False, scheme="http", redirect=True)
             )
-        if listener.proxy_protocol:
+        if listener.proxy_protocol != "off":
             return ProxyListener(
                 sock,
                 listener,

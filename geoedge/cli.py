@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from geoedge import acme_cli, assets, host_init, pki, release, wireguard
-from geoedge.version import add_version_option, package_version
+from geoedge.version import add_version_option, version_line
 
 __all__ = ["build_parser", "main"]
 
@@ -478,7 +478,7 @@ def _run_demo(demo_args: list[str]) -> int:
 
 
 def _run_version(args: argparse.Namespace) -> int:
-    print(f"{PROG} {package_version()}")
+    print(f"{PROG} {version_line()}")
     return 0
 
 

@@ -7,7 +7,15 @@ import argparse
 import functools
 from importlib import metadata
 
-__all__ = ["add_version_option", "build_mode", "package_version", "running_version"]
+from tunnel import build_mode as _build
+
+__all__ = [
+    "add_version_option",
+    "build_mode",
+    "package_version",
+    "running_version",
+    "version_line",
+]
 
 DISTRIBUTION = "geoedge"
 
@@ -42,14 +50,16 @@ def running_version() -> str:
 
 
 def build_mode() -> str:
-    """How the per-request code runs: ``"pure Python"`` (this build).
+    """``"compiled"`` when the hot modules run as Cython extensions, else
+    ``"pure Python"`` (:mod:`tunnel.build_mode` says how it is chosen)."""
+    return _build.build_mode()
 
-    The compiled build (branch ``compiled``, issue 26) returns ``"compiled"``
-    when its Cython extensions are loaded and the pure-Python path was not
-    chosen (``GEOEDGE_NO_EXTENSIONS=1``); that branch fills in this body."""
-    return "pure Python"
+
+def version_line() -> str:
+    """``<version> (<build mode>)``, as ``--version`` and the start-up lines say it."""
+    return f"{running_version()} ({build_mode()})"
 
 
 def add_version_option(parser: argparse.ArgumentParser) -> None:
-    """``--version``: print ``<prog> <version>`` and exit 0."""
-    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    """``--version``: print ``<prog> <version> (<build mode>)`` and exit 0."""
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version_line()}")

@@ -23,9 +23,15 @@ Figures (``loadtests/results/edge.json``, and a table on stdout):
   Node.js (light load: one request at a time).
 - ``ws_rss_kib_per_conn``: growth of the edge worker's RSS per idle WSS
   connection, with 5,000 held (``--quick``: 200).
+- ``keepalive_cpu_us_per_request`` / ``h2_cpu_us_per_request`` (and
+  ``haproxy_``...): microseconds of CPU per request at each hop (edge, origin,
+  Node.js; HAProxy, Node.js), from ``/proc``, the median run;
+  ``environment.build`` says which build of geoedge ran (compiled or pure
+  Python, :mod:`tunnel.build_mode`).
 
-Targets (the issues): handshakes >= 0.85x HAProxy, keep-alive >= 0.42x, h2 >= 0.3x,
-added latency p50 <= 0.5 ms, <= 35 KiB per WebSocket.
+Targets (issue 26): handshakes >= 0.9x HAProxy, keep-alive >= 0.42x, h2 >= 0.3x,
+added latency p50 <= 0.3 ms, <= 25 KiB per WebSocket, per keep-alive request
+edge <= 50 us and origin <= 25 us of CPU.
 
 The machine is shared and noisy, so each throughput figure is the best of
 ``rounds`` runs, the chains taken in alternating order (noise only ever slows a
@@ -57,6 +63,7 @@ from loadtests import bench_cache, edge_clients, edge_stack
 from loadtests.edge_report import CHAINS, TARGETS, summarize, table, warnings
 from loadtests.edge_stack import CLIENT_CPU, Stack, busy_share, cpu_busy, tree_cpu_seconds
 from loadtests.handshake_client import go_client, run_handshakes
+from tunnel.build_mode import build_mode
 
 RESULTS = Path(__file__).parent / "results" / "edge.json"
 
@@ -403,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
             "cpus": os.cpu_count(),
+            "build": build_mode(),
             "haproxy": haproxy_version(),
             "handshake_client": details["handshakes"]["client"],
             "settings": asdict(settings),

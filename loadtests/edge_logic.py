@@ -13,9 +13,16 @@ Node.js-like response.
   ``h2load -m10``), each answered, then the client reads the responses (the
   client's own work is not counted).
 
-Figures (``loadtests/results/edge_logic.json``): microseconds of CPU per
-request (best of ``--rounds``), and Python function calls per request
-(``cProfile``; the stand-ins' own calls included, a few per request).
+Figures (``loadtests/results/edge_logic.json``), for each build
+(:mod:`tunnel.build_mode`: this process's, and the pure-Python one in a
+child with ``GEOEDGE_NO_EXTENSIONS=1``): microseconds of CPU per request
+(best of ``--rounds``), Python function calls per request (``cProfile``; the
+stand-ins' own calls included, a few per request; compiled functions are not
+counted), and with ``--instructions`` the machine instructions per request
+(valgrind's callgrind, the difference of two runs of different lengths: a
+figure that does not move with the load of a shared machine, as CPU time
+does; it counts the whole round, so for ``h2`` it includes the ``h2``
+client's own work, the same in both builds).
 """
 
 from __future__ import annotations
@@ -24,7 +31,13 @@ import argparse
 import asyncio
 import cProfile
 import json
+import os
 import pstats
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +49,7 @@ import uvloop
 from edge.front_h1 import Http1Connection
 from edge.front_h2 import Http2Connection
 from tests.edge_fakes import FakeClientTransport, FakeServices
+from tunnel.build_mode import NO_EXTENSIONS_VARIABLE, build_mode
 
 RESULTS = Path(__file__).resolve().parent / "results" / "edge_logic.json"
 RESPONSE = (
@@ -177,14 +191,60 @@ async def calls_per_request(make: Callable[[], Workload], requests: int) -> floa
     return sum(entry[1] for entry in stats.stats.values()) / served  # type: ignore[attr-defined]
 
 
-async def measure(rounds: int, requests: int) -> dict[str, dict[str, float]]:
+WORKLOADS: dict[str, Callable[[], Workload]] = {"h1": Http1Workload, "h2": Http2Workload}
+
+
+async def serve(make: Callable[[], Workload], requests: int) -> None:
+    """Warm up, then serve ``requests`` requests (what callgrind counts)."""
+    workload = await _warm(make())
+    served = 0
+    while served < requests:
+        workload.serve()
+        await workload.finish()
+        served += workload.requests_per_round
+        workload.reset()
+
+
+def instructions_per_request(name: str, short: int = 200, long: int = 1200) -> float:
+    """Machine instructions per request under callgrind: two runs of this
+    module serving ``short`` and ``long`` requests, the difference divided by
+    the difference (start-up, imports and warm-up cancel out)."""
+    counts = []
+    for requests in (short, long):
+        result = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+             sys.executable, "-m", "loadtests.edge_logic", "--serve", name, str(requests)],
+            capture_output=True, text=True, timeout=1800, check=True,
+        )  # fmt: skip
+        match = re.search(r"Collected : (\d+)", result.stderr)
+        assert match is not None, result.stderr[-500:]
+        counts.append(int(match[1]))
+    return (counts[1] - counts[0]) / (long - short)
+
+
+async def measure(rounds: int, requests: int, instructions: bool) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
-    for name, make in (("h1", Http1Workload), ("h2", Http2Workload)):
+    for name, make in WORKLOADS.items():
         out[name] = {
             "cpu_us_per_request": round(await cpu_us(make, rounds, requests), 1),
             "python_calls_per_request": round(await calls_per_request(make, 1000), 1),
         }
+        if instructions:
+            out[name]["instructions_per_request"] = round(instructions_per_request(name))
     return out
+
+
+def pure_figures(argv: list[str]) -> dict[str, dict[str, float]]:
+    """The same figures from the pure-Python build, in a child process."""
+    with tempfile.TemporaryDirectory() as scratch:
+        output = Path(scratch) / "pure.json"
+        subprocess.run(
+            [sys.executable, "-m", "loadtests.edge_logic", *argv, "--this-build-only",
+             "--output", str(output)],
+            env=os.environ | {NO_EXTENSIONS_VARIABLE: "1"}, check=True, timeout=3600,
+        )  # fmt: skip
+        figures: dict[str, dict[str, float]] = json.loads(output.read_text())["pure Python"]
+        return figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,15 +252,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="runs per front end (best kept)")
     parser.add_argument("--requests", type=int, default=5000, help="requests per run")
     parser.add_argument("--output", type=Path, default=RESULTS, help="JSON results file")
+    parser.add_argument(
+        "--instructions", action="store_true", help="also count instructions (valgrind, slow)"
+    )
+    parser.add_argument(
+        "--this-build-only", action="store_true", help="not the pure-Python build beside it"
+    )
+    parser.add_argument("--serve", nargs=2, metavar=("FRONT", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    figures = uvloop.run(measure(args.rounds, args.requests))
-    for name, values in figures.items():
-        print(
-            f"{name}: {values['cpu_us_per_request']} us of CPU and "
-            f"{values['python_calls_per_request']} Python calls per request"
-        )
+    if args.serve:
+        uvloop.run(serve(WORKLOADS[args.serve[0]], int(args.serve[1])))
+        return 0
+    if args.instructions and shutil.which("valgrind") is None:
+        parser.error("--instructions needs valgrind (apt-get install valgrind)")
+    results = {build_mode(): uvloop.run(measure(args.rounds, args.requests, args.instructions))}
+    if build_mode() == "compiled" and not args.this_build_only:
+        passed = ["--rounds", str(args.rounds), "--requests", str(args.requests)]
+        results["pure Python"] = pure_figures(passed + ["--instructions"] * args.instructions)
+    for mode, figures in results.items():
+        for name, values in figures.items():
+            extra = values.get("instructions_per_request")
+            print(
+                f"{mode:>11} {name}: {values['cpu_us_per_request']} us of CPU, "
+                f"{values['python_calls_per_request']} Python calls"
+                + (f", {extra:,.0f} instructions" if extra is not None else "")
+                + " per request"
+            )
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(figures, indent=2) + "\n")
+    args.output.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.output}")
     return 0
 

@@ -235,7 +235,7 @@ class ReloadStack:
                 workers=2,
                 drain_timeout_s=drain_timeout_s,
                 access_log="",
-                limits={"max_connections": 20000, "max_connections_per_client_ip": 20000},
+                admission={"max_connections": 20000, "max_connections_per_client_ip": 20000},
                 edge_keys=f"drain_websocket_window_s = {ws_window_s}\n",
             )
         )

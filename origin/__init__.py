@@ -19,3 +19,5 @@ Its shape is the edge's (:mod:`edge`), one module per concern:
 - :mod:`origin.config` (the typed ``origin.toml`` schema), :mod:`origin.metrics`,
   :mod:`origin.admission` (refused edges), :mod:`origin.stream_log`, :mod:`origin.status`.
 """
+
+import tunnel.build_mode  # noqa: F401  (chooses the build before any compiled module loads)

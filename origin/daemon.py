@@ -76,7 +76,7 @@ from geoedge.reload import (
 )
 from geoedge.status_window import MetricsWindow
 from geoedge.systemd import ServiceNotifier
-from geoedge.version import running_version
+from geoedge.version import running_version, version_line
 from geoedge.workers import Supervisor, WorkerContext, listen_control, report_ready
 from origin import cache_purge
 from origin.acme_service import AcmeService, encode_for_pipe
@@ -243,6 +243,13 @@ class OriginDaemon:
                 raise ListenError("[admin] address", config.admin.address, exc) from None
             if self.reloader is not None:
                 self.reloader.start(control_sock)
+            log.info(
+                "origin %s serving %s with %d worker(s), geoedge %s",
+                config.origin.id,
+                config.tunnel_listener.address,
+                self.supervisor.target if self.supervisor is not None else 1,
+                version_line(),
+            )
             if self.acme is not None:
                 await self.acme.start()
             if self.worker is not None:

@@ -8,3 +8,5 @@ or ``origin``, tests/unit/test_import_graph.py):
 - :mod:`tunnel.peer_name` who a tunnel peer certificate says it is
 - :mod:`tunnel.aio`       thin asyncio adapters, transports, dialing, pooling
 """
+
+from tunnel import build_mode as _build_mode  # noqa: F401  (before any compiled module)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.compiled import expected_build_mode
 from tests.conftest import scaled
 from tests.edge_env import load_test_marks, run_load_test
 
@@ -56,7 +57,17 @@ def test_quick_run_writes_every_figure(tmp_path: Path) -> None:
         "h2_ratio",
         "added_latency_p50_ms",
         "ws_rss_kib_per_conn",
+        "keepalive_edge_cpu_us",
+        "keepalive_origin_cpu_us",
     }
+    # CPU per request at each hop, for keep-alive and HTTP/2, from /proc.
+    for phase in ("keepalive", "h2"):
+        assert set(result[f"{phase}_cpu_us_per_request"]) == {"total", "edge", "origin", "node"}
+        assert set(result[f"haproxy_{phase}_cpu_us_per_request"]) == {"total", "haproxy", "node"}
+        hops = result[f"{phase}_cpu_us_per_request"]
+        assert hops["edge"] > 0 and hops["origin"] > 0 and hops["node"] > 0, hops
+    assert result["keepalive_edge_cpu_us"] == result["keepalive_cpu_us_per_request"]["edge"]
+    assert result["environment"]["build"] == expected_build_mode()
     for chain in ("geoedge", "haproxy"):
         assert result["details"]["websockets"][chain]["held"] == 200, result["details"]
         for phase in ("handshakes", "keepalive"):

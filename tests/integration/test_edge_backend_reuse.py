@@ -117,13 +117,13 @@ def test_an_idle_connection_past_its_time_is_not_reused(
     with edge_stack(
         test_pki,
         tmp_path_factory.mktemp("reuse-expiry"),
-        origin_pool_extra="keepalive_idle_s = 0.3",
+        origin_pool_extra="keepalive_timeout_s = 0.3",
     ) as s:
         _, first = one_request(s, "127.0.0.1")
         time.sleep(0.05)
         _, second = one_request(s, "127.0.0.1")
         assert json.loads(first)["remote_port"] == json.loads(second)["remote_port"]
-        time.sleep(1.2)  # past keepalive_idle_s, and past a sweep
+        time.sleep(1.2)  # past keepalive_timeout_s, and past a sweep
         response, third = one_request(s, "127.0.0.1")
         assert response.status == 200
         assert json.loads(third)["remote_port"] != json.loads(second)["remote_port"]
@@ -133,7 +133,7 @@ def test_reuse_off_opens_a_connection_per_stream(
     test_pki: PkiFiles, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     with edge_stack(
-        test_pki, tmp_path_factory.mktemp("reuse-off"), origin_pool_extra="keepalive_idle_s = 0"
+        test_pki, tmp_path_factory.mktemp("reuse-off"), origin_pool_extra="keepalive_timeout_s = 0"
     ) as s:
         ports = set()
         for _ in range(4):
@@ -153,7 +153,7 @@ def test_a_connection_the_backend_closed_while_parked_is_dropped(
     with edge_stack(
         test_pki,
         tmp_path_factory.mktemp("reuse-node-closed"),
-        origin_pool_extra="keepalive_idle_s = 30",
+        origin_pool_extra="keepalive_timeout_s = 30",
     ) as s:
         _, first = one_request(s, "127.0.0.1")
         time.sleep(7.0)  # Node closes idle sockets 5-6 s after the response

@@ -165,7 +165,7 @@ def test_origin_splices_are_freed_however_their_stream_ends(
             default=False,
             hosts=("dead.test",),
         )
-        live_pool = pool([nodes[0].address], health=False, keepalive_idle_s=0.3)
+        live_pool = pool([nodes[0].address], health=False, keepalive_timeout_s=0.3)
         config = origin_config(test_pki, [live_pool, dead])
         port = int(config.tunnel_listener.address.rpartition(":")[2])
 
@@ -299,7 +299,7 @@ def test_the_daemons_free_every_connection_they_served(test_pki: PkiFiles, tmp_p
 
         run_async(load(20, 20), 60)  # warm-up: first-use caches, pools
         assert h2_load(stack, 4, 5) == 4 * 5 - 2
-        time.sleep(4)  # parked backend connections expire (keepalive_idle_s 3 s)
+        time.sleep(4)  # parked backend connections expire (keepalive_timeout_s 3 s)
         wait_idle(stack)
         edge_before, _ = memory_report(stack, stack.log, stack.edge.pid)
         origin_before, _ = memory_report(stack, stack.origin_log, stack.origin.pid)

@@ -309,9 +309,7 @@ def test_check_as_the_service_user(world_pki: PkiFiles, tmp_path: Path) -> None:
     config = edge_config(world_pki, config_dir)
     config.chmod(0o644)
     config.write_text(
-        config.read_text().replace(
-            "[tunnel]", f'[http]\naccess_log = "{log_dir}/a.log"\n\n[tunnel]'
-        )
+        config.read_text().replace("[edge]\n", f'[edge]\naccess_log = "{log_dir}/a.log"\n', 1)
     )
     code, out = run_daemon("edge", config, "--check", "--user", "nobody")
     assert code == 2

@@ -1,5 +1,5 @@
-"""The origin's per-stream deadlines (pool ``response_timeout_s``,
-``read_timeout_s``, ``long_poll_prefixes``) with real edge and origin processes
+"""The origin's per-stream deadlines (pool ``first_byte_timeout_s``,
+``between_bytes_timeout_s``, ``long_poll_prefixes``) with real edge and origin processes
 and a backend that hangs on purpose: a silent backend becomes the edge's 504
 (or a cut, once its response started), logged at both hops; long polls and
 answers in time are left alone."""
@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import socket
 import ssl
-import threading
 import time
 from collections.abc import Iterator
 
@@ -18,75 +17,22 @@ import pytest
 from origin.snapshot import PoolSnapshot
 from origin.worker import stream_deadline
 from tests.conftest import PkiFiles, scaled
-from tests.edge_env import Stack, edge_stack
+from tests.edge_env import Stack
+from tests.slow_backend import slow_stack
 
-POOL_EXTRA = 'response_timeout_s = 1.0\nread_timeout_s = 1.0\nlong_poll_prefixes = ["/poll"]\n'
-
-
-class HangingBackend:
-    """HTTP/1.1 on a thread per connection, one request each: /ok answers (and
-    closes), /hang-head never does,
-    /hang-body sends a head and 10 of 100 octets then goes silent, /poll answers
-    after 2.5 s."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.closed_by_peer: list[str] = []
-        self._stop = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            head = b""
-            while b"\r\n\r\n" not in head:
-                data = conn.recv(4096)
-                if not data:
-                    return
-                head += data
-            path = head.split(b" ", 2)[1].decode()
-            if path.startswith("/poll"):
-                time.sleep(2.5)
-            if path.startswith(("/ok", "/poll")):
-                # One request per connection: the origin must not park it for the next.
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
-                return
-            if path.startswith("/hang-body"):
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
-            conn.settimeout(10)
-            try:  # hold the connection until the origin gives up on it
-                if conn.recv(1) == b"":
-                    self.closed_by_peer.append(path)
-            except (OSError, TimeoutError):
-                self.closed_by_peer.append(path)
-
-    def close(self) -> None:
-        self._stop.set()
-        self.sock.close()
+POOL_EXTRA = """
+first_byte_timeout_s = 1.0
+between_bytes_timeout_s = 1.0
+long_poll_prefixes = ["/poll"]
+"""
 
 
 @pytest.fixture(scope="module")
 def stack(test_pki: PkiFiles, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    backend = HangingBackend()
-    try:
-        with edge_stack(
-            test_pki,
-            tmp_path_factory.mktemp("deadlines"),
-            backend_port=backend.port,
-            origin_pool_extra=POOL_EXTRA,
-        ) as s:
-            s.backend = backend  # type: ignore[attr-defined]
-            yield s
-    finally:
-        backend.close()
+    with slow_stack(
+        test_pki, tmp_path_factory.mktemp("deadlines"), origin_pool_extra=POOL_EXTRA
+    ) as s:
+        yield s
 
 
 def get(stack: Stack, path: str) -> tuple[int | str, bytes, float]:
@@ -152,19 +98,22 @@ def test_a_backend_silent_mid_response_is_cut_not_left_hanging(stack: Stack) -> 
 
 def test_long_polls_and_answers_in_time_are_left_alone(stack: Stack) -> None:
     assert get(stack, "/ok")[:2] == (200, b"ok")
-    status, body, seconds = get(stack, "/poll?wait=1")
+    status, body, seconds = get(stack, "/poll?ms=2500")
     assert (status, body) == (200, b"ok") and seconds > 2.4
-    assert wait_for_line(stack, "/poll?wait=1")["outcome"] == "ok"
+    assert wait_for_line(stack, "/poll?ms=2500")["outcome"] == "ok"
 
 
 def test_which_deadline_applies() -> None:
     pool = PoolSnapshot(
-        "app", response_timeout_s=60, read_timeout_s=30, long_poll_prefixes=("/lp",)
+        "app", first_byte_timeout_s=60, between_bytes_timeout_s=30, long_poll_prefixes=("/lp",)
     )
     assert stream_deadline(pool, 0, 0.0, "/x") == 60  # waiting for the first octet
     assert stream_deadline(pool, 200, 12.5, "/x") == 30  # the response has started
     assert stream_deadline(pool, 101, 12.5, "/ws") == 0  # a WebSocket: the edge's idle timeout
     assert stream_deadline(pool, 0, 0.0, "/lp/events") == 0  # a long poll
     assert stream_deadline(pool, 0, 0.0, None) == 60
-    off = PoolSnapshot("app", response_timeout_s=0, read_timeout_s=0)
+    # The edge marked it a long poll (LONG_POLL): the pool's own list need not say so.
+    assert stream_deadline(pool, 0, 0.0, "/events", long_poll=True) == 0
+    assert stream_deadline(pool, 200, 12.5, "/events", long_poll=True) == 0
+    off = PoolSnapshot("app", first_byte_timeout_s=0, between_bytes_timeout_s=0)
     assert stream_deadline(off, 0, 0.0, "/x") == 0

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.compiled import expected_build_mode
 from tests.edge_env import ROOT
 from tests.tunnel_env import free_port
 
@@ -154,8 +155,11 @@ def test_installed_package_is_the_wheel_not_the_checkout(installed: Installed) -
 
 @pytest.mark.parametrize("command", ["geoedge", "geoedge-edge", "geoedge-origin"])
 def test_every_command_reports_the_version(installed: Installed, command: str) -> None:
+    """The wheel built here is the compiled one wherever a compiler is (``make
+    dist`` also builds the pure one)."""
     result = installed.run(command, "--version")
-    assert (result.returncode, result.stdout.strip()) == (0, f"{command} {VERSION}")
+    expected = f"{command} {VERSION} ({expected_build_mode()})"
+    assert (result.returncode, result.stdout.strip()) == (0, expected)
 
 
 def test_init_edge_config_checks_with_certificates_from_geoedge_pki(installed: Installed) -> None:

@@ -73,7 +73,7 @@ def test_edge_example_loads_as_described() -> None:
     config = edge_example()
     assert config.edge.id == "tokyo-1"
     [listener] = config.listeners
-    assert listener.proxy_protocol
+    assert listener.proxy_protocol == "v2"
     assert listener.trusted_proxies == (ipaddress.ip_network("10.20.0.0/16"),)
     assert config.redirect is not None
     assert "/.well-known/acme-challenge/" in config.redirect.pass_through_prefixes
