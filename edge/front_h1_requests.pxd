@@ -16,4 +16,5 @@ cdef class Http1Requests:
     cdef public object phase
     cdef public double phase_since
     cdef public _TypedReader reader
+    cdef public Py_ssize_t requests_seen
     cdef public Http1Responses responses
