@@ -206,7 +206,7 @@ def test_each_release_is_its_own_venv_with_the_locked_versions(installed: Instal
         env=clean_env(),
         check=True,
     ).stdout
-    assert version.strip() == f"geoedge {VERSION}"
+    assert version.strip() == f"geoedge {VERSION} (pure Python)"  # the wheels build_wheel makes
 
 
 # --------------------------------------------------------------- serving throughout
