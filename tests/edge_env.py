@@ -238,6 +238,7 @@ def write_origin_config(
     health: bool = True,
     admin_port: int | None = None,
     pool_extra: str = "",
+    workers: int = 1,
 ) -> Path:
     """A real origin balancer's config: one default pool over ``backends``;
     ``pool_extra``: more keys of that pool (TOML lines)."""
@@ -249,6 +250,7 @@ def write_origin_config(
             admin_port=admin_port or free_port(),
             allowed_identities=["edge-1"],
             backends=backends,
+            workers=workers,
             health=devstack.HealthCheck("/health", interval_s=0.5, timeout_s=0.4)
             if health
             else None,
