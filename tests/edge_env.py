@@ -68,7 +68,7 @@ def run_load_test(module: str, *args: str, timeout: float) -> str:
 
 def wait_port(port: int, timeout: float = 10.0, host: str = "127.0.0.1") -> None:
     try:
-        devstack.wait_port(port, time.monotonic() + timeout, host=host)
+        devstack.wait_port(port, time.monotonic() + scaled(timeout), host=host)
     except devstack.StackError as exc:
         raise TimeoutError(str(exc)) from None
 
@@ -182,14 +182,16 @@ class Stack:
     def tls_socket(self, timeout: float = 10) -> Iterator[ssl.SSLSocket]:
         """A TLS connection to the edge's HTTPS listener, for raw bytes."""
         with (
-            socket.create_connection(("127.0.0.1", self.https_port), timeout=timeout) as raw,
+            socket.create_connection(
+                ("127.0.0.1", self.https_port), timeout=scaled(timeout)
+            ) as raw,
             self.tls_context().wrap_socket(raw, server_hostname="localhost") as tls,
         ):
             yield tls
 
     def https(self, timeout: float = 10) -> http.client.HTTPSConnection:
         return http.client.HTTPSConnection(
-            "127.0.0.1", self.https_port, context=self.tls_context(), timeout=timeout
+            "127.0.0.1", self.https_port, context=self.tls_context(), timeout=scaled(timeout)
         )
 
     def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
@@ -219,14 +221,35 @@ class Stack:
         self.origin.wait()
 
     def metrics(self) -> str:
-        conn = http.client.HTTPConnection("127.0.0.1", self.admin_port, timeout=5)
+        conn = http.client.HTTPConnection("127.0.0.1", self.admin_port, timeout=scaled(5))
         conn.request("GET", "/metrics")
         return conn.getresponse().read().decode()
 
     def origin_metrics(self) -> str:
-        conn = http.client.HTTPConnection("127.0.0.1", self.origin_admin_port, timeout=5)
+        conn = http.client.HTTPConnection("127.0.0.1", self.origin_admin_port, timeout=scaled(5))
         conn.request("GET", "/metrics")
         return conn.getresponse().read().decode()
+
+    def edge_count(self, name: str, having: str = "") -> float:
+        """The edge's series ``name`` summed over its labels (those whose labels
+        contain ``having``); workers publish their counts once a second."""
+        return metric_sum(self.metrics(), name, having)
+
+    def origin_count(self, name: str, having: str = "") -> float:
+        """:meth:`edge_count` of the origin's /metrics."""
+        return metric_sum(self.origin_metrics(), name, having)
+
+
+def metric_sum(text: str, name: str, having: str = "") -> float:
+    """The sum of one series family's samples in the Prometheus text format,
+    over the samples whose labels contain ``having`` (``'status="200"'``)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            labels, _, value = line.rpartition(" ")
+            if having in labels[len(name) :]:
+                total += float(value)
+    return total
 
 
 def write_origin_config(
@@ -335,6 +358,6 @@ def edge_stack(
 
 def wait_healthy(s: Stack, timeout: float = 15) -> None:
     try:
-        devstack.wait_healthy(s.admin_port, time.monotonic() + timeout, "edge", s.log)
+        devstack.wait_healthy(s.admin_port, time.monotonic() + scaled(timeout), "edge", s.log)
     except devstack.StackError as exc:
         raise TimeoutError(str(exc)) from None
