@@ -22,8 +22,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509 import ocsp
 
 from geoedge import pki
-from tests.conftest import PkiFiles
+from tests.conftest import PkiFiles, scaled
 from tests.edge_env import Stack, edge_stack, node_available
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed")
 
@@ -56,17 +57,39 @@ def _close(tls: ssl.SSLSocket, how: str) -> None:
         tls.close()
 
 
+#: One connection per client address: the edge admits the next handshake only
+#: once it has closed the previous connection, whose end (a reset, a FIN) could
+#: have evicted the session. A refused attempt is closed before any TLS.
+ONE_AT_A_TIME = """
+[limits]
+max_connections_per_client_ip = 1
+"""
+
+
+def _handshake_once_admitted(
+    stack: Stack, context: ssl.SSLContext, session: ssl.SSLSession | None
+) -> ssl.SSLSocket:
+    def attempt() -> ssl.SSLSocket | None:
+        raw = socket.create_connection(("127.0.0.1", stack.https_port), timeout=scaled(10))
+        try:
+            return context.wrap_socket(raw, server_hostname="localhost", session=session)
+        except (ssl.SSLError, OSError):
+            raw.close()
+            return None  # refused: the previous connection is still open at the edge
+
+    return wait_until(attempt, "the edge did not close the previous connection", interval_s=0.01)
+
+
 @pytest.mark.parametrize("how", ["close_notify", "fin", "rst"])
 def test_tls12_session_id_resumes_however_the_client_closes(
     test_pki: PkiFiles, tmp_path: Path, how: str
 ) -> None:
-    with edge_stack(test_pki, tmp_path) as stack:
+    with edge_stack(test_pki, tmp_path, extra_top=ONE_AT_A_TIME) as stack:
         context = _tls12_session_id_client(stack)
         session = None
         resumed = 0
         for _ in range(11):
-            raw = socket.create_connection(("127.0.0.1", stack.https_port), timeout=5)
-            tls = context.wrap_socket(raw, server_hostname="localhost", session=session)
+            tls = _handshake_once_admitted(stack, context, session)
             assert tls.version() == "TLSv1.2"
             _one_request(tls)
             if session is None:
@@ -74,7 +97,6 @@ def test_tls12_session_id_resumes_however_the_client_closes(
             else:
                 resumed += tls.session_reused
             _close(tls, how)
-            time.sleep(0.05)  # the edge has seen the close before the next handshake
         assert resumed == 10, f"{resumed}/10 resumed after a {how} close"
 
 
