@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
 
-.PHONY: venv node tools test lint demo dist bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor wan drill restart-test apt-base soak clean
+.PHONY: venv node tools test lint demo dist bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor bench-origin-streams wan drill restart-test apt-base soak clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy), the WAN emulator (iptables, libnetfilter-queue), the
@@ -106,6 +106,10 @@ bench-tls-floor: $(STAMPS)/py-load node
 
 bench-request-floor: $(STAMPS)/py-load node
 	$(PY) -m loadtests.request_floor
+
+# The origin's CPU per 1,000 short streams over four Node.js backends.
+bench-origin-streams: $(STAMPS)/py-load node
+	$(PY) -m loadtests.origin_streams
 
 wan: $(STAMPS)/py-load node
 	$(PY) -m loadtests.wan.run
