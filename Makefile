@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
 
-.PHONY: venv node tools test lint demo dist bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor bench-origin-streams wan drill restart-test apt-base soak clean
+.PHONY: venv node tools test lint demo dist bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor bench-origin-streams bench-heap-return wan drill restart-test apt-base soak clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy), the WAN emulator (iptables, libnetfilter-queue), the
@@ -110,6 +110,10 @@ bench-request-floor: $(STAMPS)/py-load node
 # The origin's CPU per 1,000 short streams over four Node.js backends.
 bench-origin-streams: $(STAMPS)/py-load node
 	$(PY) -m loadtests.origin_streams
+
+# What a worker's memory keeper gives back after a burst (RSS before and after).
+bench-heap-return: venv
+	$(PY) -m loadtests.heap_return
 
 wan: $(STAMPS)/py-load node
 	$(PY) -m loadtests.wan.run
