@@ -321,9 +321,15 @@ def test_drain_survives_a_cancelled_wait(test_pki: PkiFiles) -> None:
         await reading.wait()  # reads nothing until the first wait was cancelled
         await io.read_all()
 
+    # Windows that do not grow: this test is about the drain. (A stream opened
+    # while the peer's SETTINGS raising INITIAL_STREAM_WINDOW is in flight gets
+    # no credit after its first window, a bug of its own; a slow RTT sample on
+    # a busy machine raises the window, and this test hung on it.)
+    fixed = SessionConfig(min_stream_window_bytes=256 * 1024, max_stream_window_bytes=256 * 1024)
+
     async def main() -> None:
-        server = await start_server(listener_config(test_pki, 0), held_reader)
-        conn = await connect(dial_config(test_pki, server.port))
+        server = await start_server(listener_config(test_pki, 0), held_reader, fixed)
+        conn = await connect(dial_config(test_pki, server.port), fixed)
         io = open_io(conn)
         for _ in range(64):
             io.write(b"w" * 65536)  # far above the stream's window and high-water mark
