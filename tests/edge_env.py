@@ -66,7 +66,9 @@ def run_load_test(module: str, *args: str, timeout: float) -> str:
     return done.stdout
 
 
-def wait_port(port: int, timeout: float = 10.0, host: str = "127.0.0.1") -> None:
+def wait_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1") -> None:
+    """Until ``port`` accepts; the timeout (scaled) only bounds a failure, so it
+    is generous: a process starting on a busy machine may take seconds."""
     try:
         devstack.wait_port(port, time.monotonic() + scaled(timeout), host=host)
     except devstack.StackError as exc:
@@ -356,7 +358,7 @@ def edge_stack(
         procs.stop_all()
 
 
-def wait_healthy(s: Stack, timeout: float = 15) -> None:
+def wait_healthy(s: Stack, timeout: float = 30) -> None:
     try:
         devstack.wait_healthy(s.admin_port, time.monotonic() + scaled(timeout), "edge", s.log)
     except devstack.StackError as exc:

@@ -77,7 +77,7 @@ class NodeBackend:
                 stderr=log,
             )
         assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], scaled(10.0))
+        ready, _, _ = select.select([self.process.stdout], [], [], scaled(30.0))
         line = self.process.stdout.readline().decode() if ready else ""
         if line.strip() != f"listening on {self.port}":
             self.kill()
@@ -209,7 +209,7 @@ class OriginProcess:
                 out.append(json.loads(line))
         return out
 
-    async def wait_ready(self, timeout: float = 15.0) -> None:
+    async def wait_ready(self, timeout: float = 30.0) -> None:
         """Until /healthz answers 200 (workers up, a backend usable)."""
         deadline = time.monotonic() + scaled(timeout)
         while time.monotonic() < deadline:
@@ -256,7 +256,7 @@ async def origin_in_process(config: OriginConfig) -> Any:
 
 
 async def admin_request(method: str, url: str) -> tuple[int, Any]:
-    timeout = aiohttp.ClientTimeout(total=scaled(5.0))
+    timeout = aiohttp.ClientTimeout(total=scaled(10.0))
     async with (
         aiohttp.ClientSession(timeout=timeout) as session,
         session.request(method, url) as response,
@@ -313,11 +313,11 @@ def metric_values(text: str, name: str) -> dict[str, float]:
     return out
 
 
-def eventually(measure: Callable[[], T], done: Callable[[T], bool], timeout_s: float = 5.0) -> T:
+def eventually(measure: Callable[[], T], done: Callable[[T], bool], timeout_s: float = 15.0) -> T:
     """Measure until ``done`` (a worker publishes its per-stream counts once a
     second, origin.publisher.PUBLISH_INTERVAL_S): the last measurement either way,
     for the caller's assertion to show."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     value = measure()
     while not done(value) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -326,11 +326,11 @@ def eventually(measure: Callable[[], T], done: Callable[[T], bool], timeout_s: f
 
 
 async def metrics_when(
-    config: OriginConfig, name: str, done: Callable[[float], bool], timeout_s: float = 5.0
+    config: OriginConfig, name: str, done: Callable[[float], bool], timeout_s: float = 15.0
 ) -> str:
     """The origin's /metrics once the sum of the family ``name`` satisfies
     ``done`` (per-stream counts are published once a second), or at the deadline."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while True:
         _, text = await admin_request("GET", f"http://{config.admin.address}/metrics")
         if done(sum(metric_values(text, name).values())) or time.monotonic() > deadline:
