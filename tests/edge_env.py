@@ -242,6 +242,21 @@ class Stack:
         return metric_sum(self.origin_metrics(), name, having)
 
 
+def tcp_established(local_port: int, remote_port: int) -> bool:
+    """A loopback TCP connection from ``local_port`` to ``remote_port`` is
+    ESTABLISHED (/proc/net/tcp)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, state = fields[1], fields[2], fields[3]
+        if (
+            int(local.rpartition(":")[2], 16) == local_port
+            and int(remote.rpartition(":")[2], 16) == remote_port
+            and state == "01"
+        ):
+            return True
+    return False
+
+
 def metric_sum(text: str, name: str, having: str = "") -> float:
     """The sum of one series family's samples in the Prometheus text format,
     over the samples whose labels contain ``having`` (``'status="200"'``)."""

@@ -16,13 +16,12 @@ import json
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import websockets
 
 from tests.conftest import PkiFiles, scaled
-from tests.edge_env import Stack, edge_stack, node_available
+from tests.edge_env import Stack, edge_stack, node_available, tcp_established
 from tests.integration.origin_harness import eventually
 from tests.polling import wait_until
 
@@ -74,21 +73,6 @@ def request_and_end(stack: Stack, source: str, **kwargs: bool) -> tuple[int, byt
     response, body = one_request(stack, source, **kwargs)
     wait_until(lambda: ended_marker(stack) > before, "the stream did not end at the origin")
     return response.status, body
-
-
-def tcp_established(local_port: int, remote_port: int) -> bool:
-    """A loopback TCP connection from ``local_port`` to ``remote_port`` is
-    ESTABLISHED (/proc/net/tcp)."""
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local, remote, state = fields[1], fields[2], fields[3]
-        if (
-            int(local.rpartition(":")[2], 16) == local_port
-            and int(remote.rpartition(":")[2], 16) == remote_port
-            and state == "01"
-        ):
-            return True
-    return False
 
 
 def test_short_connections_share_a_backend_connection_with_their_own_client_ip(
