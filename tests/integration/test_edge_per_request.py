@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import PkiFiles
 from tests.edge_env import Stack, edge_stack, node_available
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.skipif(not node_available(), reason="npm ci the sample app first")
 
@@ -70,9 +71,12 @@ def test_a_drained_backend_gets_no_new_request_from_an_open_connection(stack: St
     admin.request("POST", f"/backends/app/127.0.0.1:{drained}/drain")
     assert admin.getresponse().status == 200
     try:
-        import time
-
-        time.sleep(1.0)  # the drain reaches the worker with the next snapshot
+        # The drain reaches the origin's worker with the next snapshot: rounds
+        # of 20 until one misses the backend, then 60 must all miss it.
+        wait_until(
+            lambda: drained not in {backend_of(conn) for _ in range(20)},
+            "the drain did not reach the worker",
+        )
         seen = {backend_of(conn) for _ in range(60)}
         assert drained not in seen and len(seen) == 3
     finally:
