@@ -33,6 +33,7 @@ from origin.config import (
 )
 from origin.daemon import OriginDaemon
 from tests.conftest import PkiFiles, scaled
+from tests.polling import wait_until_async
 from tests.tunnel_env import free_port, listener_config, open_io
 from tunnel.aio.connection import TunnelConnection
 from tunnel.mux import SessionConfig
@@ -336,3 +337,42 @@ async def metrics_when(
         if done(sum(metric_values(text, name).values())) or time.monotonic() > deadline:
             return text
         await asyncio.sleep(0.1)
+
+
+# --------------------------------------------------------------------------- held requests
+
+
+def gate(group: str) -> str:
+    """A path Node holds (``/gate``) until :func:`release_gate` opens its group:
+    a request in flight for as long as the test needs, whatever the machine's speed."""
+    return f"/gate?n=2&group={group}&ms={int(scaled(120) * 1000)}"
+
+
+async def release_gate(backends: list[NodeBackend], group: str) -> None:
+    """Answer the request held in ``group`` by sending the second of its group
+    to every backend (the one not holding it answers its own 504 at once)."""
+
+    async def one(backend: NodeBackend) -> None:
+        url = f"http://{backend.address}/gate?n=2&group={group}&ms=200"
+        timeout = aiohttp.ClientTimeout(total=scaled(10.0))
+        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as answer:
+            await answer.read()
+
+    await asyncio.gather(*(one(b) for b in backends))
+
+
+async def streams_started(config: OriginConfig) -> float:
+    """How many streams the origin has put on a backend connection (published
+    once a second)."""
+    _, text = await admin_request("GET", f"http://{config.admin.address}/metrics")
+    return sum(metric_values(str(text), "geoedge_origin_streams_total").values())
+
+
+async def wait_streams_started(config: OriginConfig, above: float) -> None:
+    """Until the origin counts more than ``above`` streams started: a request
+    sent since reached its backend."""
+
+    async def started() -> bool:
+        return await streams_started(config) > above
+
+    await wait_until_async(started, "the request never reached a backend")
