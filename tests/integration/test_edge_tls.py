@@ -3,13 +3,11 @@ a WebSocket open, PROXY-protocol listeners, the plain-HTTP redirect listener."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import socket
 import ssl
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ from geoedge import pki
 from geoedge.proxy import encode_v2
 from tests.conftest import PkiFiles
 from tests.edge_env import Stack, edge_stack, node_available
+from tests.polling import wait_until_async
 
 pytestmark = pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed")
 
@@ -92,13 +91,13 @@ key = "{live.key}"
                 os.replace(fresh.cert, live.cert)
                 os.replace(fresh.key, live.key)
                 stack.edge.send_signal(signal.SIGHUP)
-                deadline = time.monotonic() + 10
-                while time.monotonic() < deadline:
-                    await asyncio.sleep(0.2)
-                    after = served_certificate(stack.https_port, test_pki.ca, "swap.test")
-                    if after.serial_number != before:
-                        break
-                assert after.serial_number != before, "SIGHUP did not swap the certificate"
+                await wait_until_async(
+                    lambda: (
+                        served_certificate(stack.https_port, test_pki.ca, "swap.test").serial_number
+                        != before
+                    ),
+                    "SIGHUP did not swap the certificate",
+                )
                 await ws.send("after")
                 assert await ws.recv() == "after"  # the old connection is untouched
 
