@@ -257,6 +257,17 @@ def tcp_established(local_port: int, remote_port: int) -> bool:
     return False
 
 
+def tcp_connections_to(remote_port: int) -> int:
+    """Loopback TCP connections to ``remote_port`` that are ESTABLISHED
+    (/proc/net/tcp): a backend's open connections, parked ones included."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[2].rpartition(":")[2], 16) == remote_port and fields[3] == "01":
+            count += 1
+    return count
+
+
 def metric_sum(text: str, name: str, having: str = "") -> float:
     """The sum of one series family's samples in the Prometheus text format,
     over the samples whose labels contain ``having`` (``'status="200"'``)."""
