@@ -28,12 +28,14 @@ class HangingBackend:
     """HTTP/1.1 on a thread per connection, one request each: /ok answers (and
     closes), /hang-head never does,
     /hang-body sends a head and 10 of 100 octets then goes silent, /poll answers
-    after 2.5 s."""
+    once the test sets ``release_polls``."""
 
     def __init__(self) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.closed_by_peer: list[str] = []
+        self.received: list[str] = []
+        self.release_polls = threading.Event()
         self._stop = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -54,8 +56,9 @@ class HangingBackend:
                     return
                 head += data
             path = head.split(b" ", 2)[1].decode()
+            self.received.append(path)
             if path.startswith("/poll"):
-                time.sleep(2.5)
+                self.release_polls.wait(60)
             if path.startswith(("/ok", "/poll")):
                 # One request per connection: the origin must not park it for the next.
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
@@ -153,9 +156,22 @@ def test_a_backend_silent_mid_response_is_cut_not_left_hanging(stack: Stack) -> 
 
 
 def test_long_polls_and_answers_in_time_are_left_alone(stack: Stack) -> None:
+    """The long poll is answered only once the origin has cut a request that
+    reached the backend after it (its 1 s deadline passed for both): a poll the
+    deadline applied to would have been cut by then."""
+    backend: HangingBackend = stack.backend  # type: ignore[attr-defined]
     assert get(stack, "/ok")[:2] == (200, b"ok")
-    status, body, seconds, _ = get(stack, "/poll?wait=1")
-    assert (status, body) == (200, b"ok") and seconds > 2.4
+    poll: list[tuple[int | str, bytes, float, str]] = []
+    thread = threading.Thread(target=lambda: poll.append(get(stack, "/poll?wait=1")))
+    thread.start()
+    try:
+        wait_until(lambda: "/poll?wait=1" in backend.received, "the poll never reached it")
+        assert get(stack, "/hang-head?canary=1")[0] == 504  # cut by the origin's deadline
+        wait_until(lambda: "/hang-head?canary=1" in backend.closed_by_peer, "the canary was kept")
+    finally:
+        backend.release_polls.set()
+        thread.join(scaled(30))
+    assert poll and poll[0][:2] == (200, b"ok"), poll
     assert wait_for_line(stack, "/poll?wait=1")["outcome"] == "ok"
 
 
