@@ -12,16 +12,20 @@ VENV := .venv
 PY := $(VENV)/bin/python
 NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
+LOCK := deploy/requirements.lock
 
-.PHONY: venv node tools test lint demo dist bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor bench-origin-streams bench-heap-return wan drill restart-test apt-base soak clean
+.PHONY: venv node tools test test-long test-platforms mutation lint lock docs demo dist cache-tests bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor bench-origin-streams bench-heap-return wan drill restart-test apt-base soak clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
-# for real peers (haproxy), the WAN emulator (iptables, libnetfilter-queue), the
+# for real peers (haproxy; nginx-light, the nginx edge of make wan), the WAN
+# emulator (iptables, libnetfilter-queue), the
 # WireGuard test (wireguard-go, wireguard-tools) and the unit checks
 # (systemd-analyze, in systemd), the monitoring kit (promtool, in prometheus) and
-# the status page in a real browser (chromium).
+# the status page in a real browser (chromium), the user data checked against
+# cloud-init's own schema (cloud-init).
 APT_PACKAGES := haproxy wrk iptables iproute2 libnetfilter-queue-dev gcc python3-dev \
-	systemd wireguard-go wireguard-tools curl nghttp2-client prometheus chromium
+	systemd wireguard-go wireguard-tools curl nghttp2-client prometheus chromium cloud-init \
+	nginx-light
 
 # Redone when this file changes (the package list may have grown); cheap when
 # everything is there already.
@@ -43,8 +47,11 @@ $(VENV)/bin/python: | $(STAMPS)/apt-base
 
 # The test suite includes a quick run of the WAN proof (locust, matplotlib), so
 # it installs the load extras too.
-$(STAMPS)/py-test: pyproject.toml $(VENV)/bin/python
+# The daemons' dependencies come from the lock file first (exact versions and
+# hashes, as on the hosts: deploy/requirements.lock), then the extras.
+$(STAMPS)/py-test: pyproject.toml $(LOCK) $(VENV)/bin/python
 	@mkdir -p $(STAMPS)
+	$(PY) -m pip install -q --no-deps --require-hashes -r $(LOCK)
 	$(PY) -m pip install -q -e '.[test,load]'
 	@touch $@
 
@@ -69,7 +76,52 @@ $(TOOLS)/h2spec:
 	    || echo "h2spec could not be built: its test will skip"; \
 	else echo "no Go toolchain: the h2spec test will skip"; fi
 	@touch $@.tried
-tools: $(TOOLS)/h2spec
+# Pebble (Let's Encrypt's test CA) and pebble-challtestsrv (its DNS) for the
+# ACME tests, which fail without them where CI=true (they skip elsewhere).
+PEBBLE_VERSION := v2.10.3
+$(TOOLS)/pebble:
+	@mkdir -p $(TOOLS)
+	@if command -v go >/dev/null; then \
+	  GOBIN=$(abspath $(TOOLS)) go install \
+	    github.com/letsencrypt/pebble/v2/cmd/pebble@$(PEBBLE_VERSION) \
+	    github.com/letsencrypt/pebble/v2/cmd/pebble-challtestsrv@$(PEBBLE_VERSION) \
+	    || echo "pebble could not be built: the ACME tests cannot run"; \
+	else echo "no Go toolchain: the ACME tests cannot run"; fi
+	@touch $@.tried
+# http-tests/cache-tests (npm http-cache-tests, pinned in loadtests/cache_tests.py):
+# the cache's conformance suite, which `make test` runs through the chain.
+# (Defined before `tools`: make expands a prerequisite list as it reads it.)
+CACHE_TESTS_VERSION := 0.4.5
+$(TOOLS)/cache-tests/.stamp-$(CACHE_TESTS_VERSION): | $(STAMPS)/apt-base
+	@mkdir -p $(TOOLS)/cache-tests
+	npm install --prefix $(TOOLS)/cache-tests --no-audit --no-fund --loglevel=error \
+	  http-cache-tests@$(CACHE_TESTS_VERSION)
+	@touch $@
+
+tools: $(TOOLS)/h2spec $(TOOLS)/pebble $(TOOLS)/cache-tests/.stamp-$(CACHE_TESTS_VERSION)
+
+# The cache's conformance score through the chain (docs/cache.md).
+cache-tests: venv node tools
+	$(PY) -m loadtests.cache_tests
+
+# The lock file every install uses (geoedge.release, cloud-init, CloudFormation,
+# this venv): the runtime dependencies of pyproject.toml resolved for every
+# supported Python (3.11+) and platform, exact versions with every hash. It is
+# resolved within what the test and load extras allow too, so that this venv
+# holds the same versions as the hosts.
+lock: venv
+	$(PY) -m pip install -q uv
+	$(VENV)/bin/uv pip compile pyproject.toml --extra test --extra load --universal \
+	  --python-version 3.11 --no-header --no-annotate -o $(VENV)/dev-constraints.txt
+	$(VENV)/bin/uv pip compile pyproject.toml --universal --python-version 3.11 \
+	  --generate-hashes --no-header --no-annotate -c $(VENV)/dev-constraints.txt -o $(LOCK).new
+	{ echo "# geoedge's runtime dependencies, exact versions with hashes (make lock)."; \
+	  echo "# Installed with: pip install --no-deps --require-hashes -r requirements.lock"; \
+	  cat $(LOCK).new; } > $(LOCK) && rm $(LOCK).new
+
+# The configuration reference, generated from the schemas (a test checks it is current).
+docs: venv
+	$(VENV)/bin/geoedge config --reference > docs/configuration.md
 
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -78,6 +130,30 @@ lint: venv
 
 test: venv node lint tools
 	$(VENV)/bin/pytest -q
+
+# The wheel from its lock file under every other CPython 3.11+ this machine has
+# (3.12, 3.13 via pyenv here; skipped, saying so, where there is none). Part of
+# `make test` too.
+test-platforms: venv
+	$(VENV)/bin/pytest -q tests/integration/test_platforms.py
+
+# How many deliberate bugs the suite lets through (mutmut on tunnel/mux, edge/http1,
+# origin/balancer.py; tests/mutation_check.py). On demand, not in CI: it takes hours.
+$(STAMPS)/py-mutation: $(STAMPS)/py-test
+	$(PY) -m pip install -q -e '.[test,load,mutation]'
+	@touch $@
+mutation: $(STAMPS)/py-mutation
+	$(PY) -m tests.mutation_check $(MUTATION_ARGS)
+
+# The property and fuzz tests 20x longer than CI runs them (tests/example_budget.py),
+# from a random seed it prints first: `make test-long SEED=<n>` replays a run.
+ifndef SEED
+SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
+test-long: venv
+	@echo "hypothesis seed $(SEED): make test-long SEED=$(SEED) replays this run"
+	GEOEDGE_HYPOTHESIS_PROFILE=long $(VENV)/bin/pytest -q tests/property tests/fuzz \
+	  --hypothesis-seed=$(SEED)
 
 demo: venv node
 	$(VENV)/bin/geoedge demo

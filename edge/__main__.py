@@ -19,6 +19,7 @@ from pathlib import Path
 
 import uvloop
 
+from edge.acme_store import AcmeStore
 from edge.config import EdgeConfig
 from edge.daemon import EdgeDaemon
 from edge.tls import CertificateStore, TlsConfigError
@@ -56,8 +57,8 @@ def edge_files(config: EdgeConfig) -> list[FileCheck]:
         ):
             if path is not None:
                 checks.append(FileCheck(path, kind, f"{table} {key}"))  # type: ignore[arg-type]
-    if config.http.access_log not in ("", "-"):
-        checks.append(FileCheck(Path(config.http.access_log), "log file", "[http] access_log"))
+    if config.edge.access_log not in ("", "-"):
+        checks.append(FileCheck(Path(config.edge.access_log), "log file", "[edge] access_log"))
     return checks
 
 
@@ -70,7 +71,9 @@ def preflight(path: str, *, service_gid: int | None) -> tuple[EdgeConfig, Certif
     config = load_config(path, EdgeConfig)
     check_files(edge_files(config), service_gid=service_gid)
     certificates = CertificateStore(
-        config.tls, tuple(listener.alpn for listener in config.listeners)
+        config.tls,
+        tuple(listener.alpn for listener in config.listeners),
+        AcmeStore(config.acme.store_dir) if config.acme.enabled else None,
     )
     for origin in config.origins:
         try:
@@ -115,6 +118,7 @@ def _check(path: str, service_gid: int | None) -> int:
         return 2
     print(
         f"{path}: ok ({len(config.tls.certificates)} certificate(s), "
+        f"{0 if certificates.acme is None else len(certificates.acme)} ACME certificate(s), "
         f"{certificates.staples} OCSP response(s), {len(config.origins)} origin(s); "
         f"files checked as {_whoami()})"
     )

@@ -9,8 +9,9 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
+from edge.cache.config import CacheConfig, CompressionConfig
 from edge.http1 import HttpLimits
 from geoedge.logs import parse_level
 from tunnel.aio.transport import TunnelDialConfig, parse_host_port
@@ -45,6 +46,10 @@ class EdgeSection:
     log_json: bool = True
     """JSON lines on stderr (journald); false for a plain line at a terminal
     (``--log-format`` overrides it)."""
+    access_log: str = "-"
+    """One JSON line per request: a file path (reopened on SIGUSR1, for
+    logrotate), ``-`` for stdout, or ``""`` for none. Where the origin has its
+    own, ``[origin] access_log`` (this was ``[http] access_log``)."""
 
     def __post_init__(self) -> None:
         if self.drain_websocket_window_s < 0 or self.drain_timeout_s < 0:
@@ -132,7 +137,9 @@ HSTS_PRELOAD_MIN_AGE_S = 31_536_000
 @dataclass(frozen=True, slots=True)
 class TlsConfig:
     certificates: tuple[CertificateConfig, ...] = ()
-    """Certificates; the first is the default for unknown or missing SNI."""
+    """Certificates; the first is the default for unknown or missing SNI. They
+    take precedence over the origin's ACME certificates for their names.
+    Empty only with ``[acme] enabled``."""
     min_version: Literal["TLSv1.2", "TLSv1.3"] = "TLSv1.2"
     max_version: Literal["TLSv1.2", "TLSv1.3"] = "TLSv1.3"
     ciphers: str = MOZILLA_INTERMEDIATE_CIPHERS
@@ -163,8 +170,6 @@ class TlsConfig:
     max-age of a year or more, and is hard to undo)."""
 
     def __post_init__(self) -> None:
-        if not self.certificates:
-            raise ValueError("at least one [[tls.certificates]] entry is needed")
         if self.min_version == "TLSv1.3" and self.max_version == "TLSv1.2":
             raise ValueError("min_version is above max_version")
         for group in self.groups:
@@ -226,23 +231,37 @@ class HttpConfig:
     send_timeout_s: float = 60.0
     """A client that takes nothing of what is sent to it for this long is cut
     (nginx's ``send_timeout``)."""
+    readiness_path: str = "/_geoedge/readyz"
+    """Answered by the edge itself on every listener, HTTPS and the plain-HTTP
+    one (HAProxy's ``monitor-uri``), for load balancers and DNS health checks
+    that can reach only the traffic ports: ``GET`` or ``HEAD`` gets 200 while
+    the worker that accepted it has a usable tunnel, 503 when it has none or
+    the edge is draining. Never sent to the origin. Empty: off (the path is
+    proxied like any other). The admin listener's ``/livez`` and ``/readyz``
+    say the same per host."""
     limits: HttpLimits = field(default_factory=HttpLimits)
-    access_log: str = "-"
-    """File for JSON access-log lines; ``-`` is stdout, empty disables it."""
+
+    def __post_init__(self) -> None:
+        if self.readiness_path and (
+            not self.readiness_path.startswith("/") or "?" in self.readiness_path
+        ):
+            raise ValueError("readiness_path must be a path starting with '/', without a query")
 
 
 @dataclass(frozen=True, slots=True)
 class LimitsConfig:
-    """Admission, per worker process (edge/admission.py): with N workers an
-    edge holds at most N times each cap."""
+    """Admission (edge/admission.py). The caps are per host: each of the N
+    workers enforces its share (the cap / N, rounded up), so the limit does not
+    grow with the instance size."""
 
     max_connections: int = 10_000
-    """Client connections one worker holds; past it new ones are closed right
+    """Client connections this edge holds; past it new ones are closed right
     after accept(), before any TLS handshake."""
     max_connections_per_client_ip: int = 1024
-    """Client connections from one address (after PROXY protocol) one worker
-    holds; past it new ones are closed at once. Generous by default: carrier
-    and office NAT put many users behind one address."""
+    """Client connections from one address (after PROXY protocol) this edge
+    holds; past it new ones are closed at once. The kernel spreads one
+    client's connections over the workers unevenly, so keep it generous (the
+    default is): carrier and office NAT put many users behind one address."""
     requests_per_s_per_client_ip: float = 0.0
     """Sustained requests a second from one address (token bucket); more get
     429 and a close. 0 turns the limit off."""
@@ -272,12 +291,36 @@ class OriginConfig:
 
 @dataclass(frozen=True, slots=True)
 class AdminConfig:
-    address: str = "127.0.0.1:9100"
-    """/healthz and /metrics; keep it off the public interface."""
+    address: str = "127.0.0.1:7444"
+    """host:port of the admin HTTP listener: /livez, /readyz (and /healthz),
+    /metrics, /status. No authentication: keep it on loopback or a management
+    network. 7444 (the origin's 7445) sits beside the tunnel port 7443, clear
+    of node_exporter's 9100, Envoy's 9901 and the usual exporter ports."""
+
+    def __post_init__(self) -> None:
+        parse_host_port(self.address)
+
+
+@dataclass(frozen=True, slots=True)
+class AcmeConfig:
+    """Certificates issued by the origin's ACME client (docs/acme.md): the
+    origin sends them, and the challenges it must answer, over the tunnels."""
+
+    enabled: bool = False
+    """Take certificates and ACME challenges from the origins. Off: the edge
+    answers their messages "unknown kind" and serves its files only."""
+    store_dir: Path = Path("/var/lib/geoedge/edge-acme")
+    """Where issued certificates and their keys are kept (one file each, mode
+    0600; the directory 0700, created if missing), so the edge serves them
+    after a restart without its origin. The unit's StateDirectory."""
 
 
 @dataclass(frozen=True, slots=True)
 class EdgeConfig:
+    #: Old key paths that still load, with a deprecation warning naming the new
+    #: one (geoedge.config): the same names as the origin's for the same ideas.
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"http.access_log": "edge.access_log"}
+
     edge: EdgeSection
     tls: TlsConfig
     origins: tuple[OriginConfig, ...]
@@ -287,9 +330,16 @@ class EdgeConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     tunnel: SessionConfig = field(default_factory=SessionConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
+    acme: AcmeConfig = field(default_factory=AcmeConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
 
     def __post_init__(self) -> None:
         if not self.origins:
             raise ValueError("at least one [[origins]] entry is needed")
+        if not self.tls.certificates and not self.acme.enabled:
+            raise ValueError(
+                "at least one [[tls.certificates]] entry is needed (or [acme] enabled = true)"
+            )
         if not self.listeners:
             raise ValueError("at least one [[listeners]] entry is needed")

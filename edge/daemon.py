@@ -9,7 +9,14 @@ Start-up, in this order (the order is the point):
    contexts :func:`edge.__main__.preflight` built;
 3. the admin listener; 4. fork the workers (:mod:`edge.worker`).
 
-Signals: SIGTERM/SIGINT drain (``/healthz`` answers 503 from then on; stop
+Admin health, two questions (:mod:`geoedge.admin`): ``/livez`` is 200 while a
+worker runs and the listening sockets are open, whatever the origins do (only
+this replaces a host); ``/readyz`` (and ``/healthz``) is 200 while some worker
+has a usable tunnel and no drain has begun (this sends users). The traffic
+listeners answer ``[http] readiness_path`` themselves, per worker, for load
+balancers that can reach only them (edge/front_h1_requests.py).
+
+Signals: SIGTERM/SIGINT drain (``/readyz`` answers 503 from then on; stop
 accepting, finish in-flight requests up to ``drain_timeout_s``, GOAWAY the
 tunnels) and exit; SIGHUP reloads certificates and OCSP responses without
 dropping a connection, in the parent first (so a worker it starts later
@@ -29,14 +36,18 @@ import signal
 import socket
 
 import uvloop
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from edge.acme_status import HeldCertificates
 from edge.config import EdgeConfig, ListenerConfig
 from edge.status import EdgeStatus
 from edge.tls import CertificateStore, TlsConfigError
 from edge.worker import EdgeWorker
 from geoedge.admin import AdminServer, HealthReport
+from geoedge.cache_purge import PurgeError, parse_purge
+from geoedge.cert_expiry import CertificateWatch, WatchedFile, tunnel_files
 from geoedge.listening import activated_or_bound
 from geoedge.memory import MemoryKeeper, tune_gc
 from geoedge.metrics import (
@@ -48,7 +59,8 @@ from geoedge.metrics import (
 from geoedge.preflight import ListenError
 from geoedge.status_window import MetricsWindow
 from geoedge.systemd import ServiceNotifier, listen_sockets
-from geoedge.workers import Supervisor, WorkerContext
+from geoedge.worker_requests import TooManyRequests
+from geoedge.workers import Supervisor, WorkerContext, listen_control
 
 __all__ = ["READY_TIMEOUT_S", "EdgeDaemon", "Sockets", "bind_sockets"]
 
@@ -79,6 +91,10 @@ def bind_sockets(
         [(setting, address) for _, setting, address in wanted], list(activated or ())
     )
     return [(listener, sock) for (listener, _, _), sock in zip(wanted, sockets, strict=True)]
+
+
+#: How long ``POST /cache/purge`` waits for every worker's answer.
+PURGE_WAIT_S = 5.0
 
 
 class EdgeDaemon:
@@ -124,10 +140,22 @@ class EdgeDaemon:
             parent_fds=self._parent_fds,
             on_stopping=lambda: self.notifier.stopping(f"draining {supervisor.running} worker(s)"),
         )
+        acme = self.certificates.acme
+        held = None if acme is None else HeldCertificates(acme.store.directory)
+        certificates = edge_certificates(config, held)
         self.admin = AdminServer(
             config.admin.address,
             health=self.health,
-            status=EdgeStatus(config, MetricsWindow(merged_families), supervisor.statistics),
+            liveness=self.liveness,
+            status=EdgeStatus(
+                config,
+                MetricsWindow(merged_families),
+                supervisor.statistics,
+                certificates,
+                acme=held,
+            ),
+            collectors=[certificates],
+            routes=[web.post("/cache/purge", self._purge)],
         )
         try:
             try:
@@ -207,6 +235,52 @@ class EdgeDaemon:
             "tunnels_up": up,
         }
 
+    async def _purge(self, request: web.Request) -> web.Response:
+        """``POST /cache/purge`` (geoedge.cache_purge): every worker drops what it
+        names and says how many entries it held; a worker that did not answer
+        within ``PURGE_WAIT_S`` is listed with its error."""
+        try:
+            purge = parse_purge(await request.read())
+        except PurgeError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        if not self.config.cache.enabled:
+            return web.json_response({"error": "the cache is off ([cache] enabled)"}, status=409)
+        assert self.supervisor is not None
+        try:
+            answers = await self.supervisor.request(
+                {"op": "cache_purge", "purge": purge.as_json()}, PURGE_WAIT_S
+            )
+        except TooManyRequests as exc:
+            return web.json_response({"error": str(exc)}, status=503)
+        workers = [
+            {"pid": a.pid, "purged": (a.result or {}).get("purged"), "error": a.error}
+            for a in answers
+        ]
+        complete = bool(workers) and all(w["error"] is None for w in workers)
+        return web.json_response(
+            {"purge": purge.as_json(), "complete": complete, "workers": workers}
+        )
+
+    def liveness(self) -> HealthReport:
+        """Live while a worker runs (or the supervisor is starting them) and every
+        listening socket is open: not ready is not dead, so an origin outage or a
+        refused tunnel never fails it, nor does a drain."""
+        stats = self.supervisor.statistics() if self.supervisor is not None else None
+        workers_ok = stats is not None and (stats.running > 0 or stats.stopping)
+        closed = [
+            listener.address if listener is not None else "[redirect]"
+            for listener, sock in self.sockets
+            if sock.fileno() < 0
+        ]
+        detail: dict[str, object] = {
+            "workers_running": stats.running if stats is not None else 0,
+            "workers_target": stats.target if stats is not None else 0,
+            "listeners": len(self.sockets) - len(closed),
+        }
+        if closed:
+            detail["closed_listeners"] = closed
+        return workers_ok and bool(self.sockets) and not closed, detail
+
     # -- worker process ----------------------------------------------------------------
 
     def _worker_main(self, context: WorkerContext) -> int:
@@ -227,10 +301,21 @@ class EdgeDaemon:
             loop.add_signal_handler(sig, stopping.set)
         loop.add_signal_handler(signal.SIGHUP, worker.reload_certificates)
         loop.add_signal_handler(signal.SIGUSR1, worker.reopen_logs)
+        pipe = await listen_control(context, worker.on_control, lambda: None, worker.on_request)
         await stopping.wait()
+        pipe.close()
         await worker.drain()
         memory.close()
         return 0
+
+
+def edge_certificates(config: EdgeConfig, acme: HeldCertificates | None = None) -> CertificateWatch:
+    """The certificates users see (files, and ACME's), the tunnel certificates
+    and the CAs they trust."""
+    files = [WatchedFile("served", c.cert) for c in config.tls.certificates]
+    for origin in config.origins:
+        files += tunnel_files(origin.tunnel.cert, origin.tunnel.ca)
+    return CertificateWatch(files, None if acme is None else acme.expiries)
 
 
 def tunnels_up() -> dict[str, float]:

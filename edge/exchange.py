@@ -52,6 +52,7 @@ from tunnel.mux import ErrorCode
 from tunnel.mux.metadata import encode_request_fields
 
 if TYPE_CHECKING:
+    from edge.cache.cache import EdgeCache
     from tunnel.aio.stream import TunnelStream
 
 __all__ = ["Exchange", "ExchangeClient", "ExchangeServices", "RequestRecord"]
@@ -64,6 +65,8 @@ class ExchangeServices(TunnelWaiters, Protocol):
     http_limits: HttpLimits
     tunnel_wait_s: float
     draining: bool
+    cache: EdgeCache | None
+    """The worker's cache and compressor (None: neither is on)."""
 
     def open_stream(
         self, metadata: bytes, factory: Callable[[], asyncio.BaseProtocol]
@@ -121,13 +124,16 @@ class Exchange:
     __slots__ = (
         "__weakref__",
         "_connection_metadata",
-        "_decode_chunked",
         "_head",
         "_method",
         "_wait",
         "client",
+        "connection_metadata",
+        "decode_chunked",
         "finished",
+        "frame_h1",
         "record",
+        "request",
         "request_whole",
         "response_paused",
         "services",
@@ -152,6 +158,8 @@ class Exchange:
         self.services = services
         self.client = client
         self.record = record
+        self.request = head
+        self.connection_metadata = connection_metadata
         self._head = head.head
         self._method = head.method
         self.websocket_key = head.websocket_upgrade.key if head.websocket_upgrade else None
@@ -161,7 +169,8 @@ class Exchange:
             encode_request_fields(head.host, head.request_id, record.method, record.path)
             + connection_metadata
         )
-        self._decode_chunked = decode_chunked
+        self.decode_chunked = decode_chunked
+        self.frame_h1 = not decode_chunked  # the client's body framing is HTTP/1.1's
         self.upstream: Upstream | None = None  # while a stream is open
         self._wait: TunnelWait | None = None  # while no tunnel is up
         self.request_whole = False
@@ -177,16 +186,27 @@ class Exchange:
     # -- the front end's calls -------------------------------------------------------
 
     def start(self) -> None:
-        """Open the stream and send the head, or wait for a tunnel."""
-        if self._open():
+        """Answer from the edge's cache (edge.cache), or :meth:`forward`."""
+        cache = self.services.cache
+        if cache is not None and cache.admit(self):
             return
+        self.forward()
+
+    def forward(self) -> None:
+        """Open the stream and send the head, or wait for a tunnel."""
+        if not self._open() and not self._wait_for_tunnel():
+            self._no_tunnel()
+
+    def _wait_for_tunnel(self) -> bool:
+        """Wait up to ``tunnel_wait_s`` for a tunnel, the client's reading
+        paused; False when the edge drains or nothing is connecting."""
         services = self.services
         wait = TunnelWait(services, self._open, self._no_tunnel)
         if services.draining or not wait.begin(services.tunnel_wait_s):
-            self._no_tunnel()
-            return
+            return False
         self._wait = wait
         self.client.pause_request(self)
+        return True
 
     def send_body(self, data: bytes) -> None:
         """Request body octets, as they must reach the backend."""
@@ -271,6 +291,35 @@ class Exchange:
         if upstream is not None:
             upstream.stream.resume_reading()
 
+    # -- the cache's calls (edge.cache) -------------------------------------------------
+
+    def replace_head(self, head: bytes) -> None:
+        """Send ``head`` up instead (the same request, conditional on what the
+        cache holds); before :meth:`forward`."""
+        self._head = head
+        if self.record.replay is not None:
+            self.record.replay = head
+
+    def sibling(self, client: ExchangeClient) -> Exchange:
+        """An exchange for the same request, answering ``client`` (a cache's
+        background revalidation); it starts with :meth:`forward`."""
+        record = RequestRecord(
+            method=self.record.method,
+            path=self.record.path,
+            host=self.record.host,
+            request_id=self.record.request_id,
+            started=time.monotonic(),
+            replay=self.request.head if self.request.replayable else None,
+        )
+        return Exchange(
+            self.services,
+            client,
+            self.request,
+            self.connection_metadata,
+            record,
+            decode_chunked=True,
+        )
+
     # -- its parts' calls ----------------------------------------------------------------
 
     def fail(self, fault: Fault, *, code: int | None = None, reason: str) -> None:
@@ -305,7 +354,7 @@ class Exchange:
         """Open a stream and send the request up; False when no tunnel is usable.
         After a wait for a tunnel, what the client sent meanwhile follows the
         head, the wait ends and the client is read again."""
-        reader = ResponseReader(self.services.http_limits, decode_chunked=self._decode_chunked)
+        reader = ResponseReader(self.services.http_limits, decode_chunked=self.decode_chunked)
         reader.expect(self._method, self.websocket_key)
         upstream = Upstream(self, reader)
         try:
@@ -344,7 +393,10 @@ class Exchange:
         self._drop_stream()
         record.retried = True
         self._head = record.replay  # type: ignore[assignment]
-        if not self._open():
+        # The tunnel it broke on may have been the last one up (an origin
+        # restarting refuses what it got after its GOAWAY): then the replay
+        # waits for the next tunnel, as a new request would.
+        if not self._open() and not self._wait_for_tunnel():
             return False
         self.services.count_error("replayed")
         return True

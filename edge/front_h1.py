@@ -83,7 +83,13 @@ class Http1Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         ssl_object = transport.get_extra_info("ssl_object")
-        if ssl_object is not None and ssl_object.selected_alpn_protocol() == "h2":
+        alpn = None if ssl_object is None else ssl_object.selected_alpn_protocol()
+        if alpn == "acme-tls/1":
+            # RFC 8737 §3: the handshake (its challenge certificate) was the answer.
+            transport.set_protocol(asyncio.Protocol())
+            transport.close()
+            return
+        if alpn == "h2":
             from edge.front_h2 import Http2Connection  # only h2 connections pay for it
 
             h2 = Http2Connection(

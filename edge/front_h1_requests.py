@@ -37,9 +37,11 @@ from edge.http1 import (
     RequestRejected,
     TunnelBytes,
     https_location,
+    readiness_response,
     redirect_response,
+    text_response,
 )
-from edge.request_record import own_record, user_agent_of
+from edge.request_record import is_readiness_check, own_record, user_agent_of
 from edge.services import EdgeServices
 from geoedge.logs import LogThrottle
 
@@ -206,6 +208,18 @@ class Http1Requests:
 
     def _start(self, head: RequestHeadReceived) -> None:
         services = self._services
+        path = head.target.decode("latin-1")
+        method = head.method.decode("latin-1")
+        if is_readiness_check(method, path, services.http.readiness_path):
+            # Before the rate limit and the redirect: health checkers reach
+            # every listener, often from few addresses.
+            ready = services.ready()
+            status, reason = (200, "ready") if ready else (503, "not ready")
+            record = own_record(status, reason, "readiness", head)
+            self.responses.answer_with(
+                record, readiness_response(ready, head_only=method == "HEAD")
+            )
+            return
         if services.draining:
             self.responses.answer_own(own_record(503, "edge is draining", "rejected", head))
             return
@@ -213,6 +227,12 @@ class Http1Requests:
             self.responses.answer_own(own_record(429, "request rate limit", "rejected", head))
             return
         path = head.target.decode("latin-1")
+        if self._redirect:  # plain HTTP: an ACME HTTP-01 challenge the edge holds?
+            key_authorization = services.acme_http01(head.host, path)
+            if key_authorization is not None:
+                record = own_record(200, "ACME HTTP-01 challenge", "ok", head)
+                self.responses.answer_with(record, text_response(key_authorization))
+                return
         redirect = services.redirect
         if (
             self._redirect
@@ -222,7 +242,7 @@ class Http1Requests:
             self._redirect_to_https(head, path, redirect.https_port)
             return
         record = RequestRecord(
-            method=head.method.decode("latin-1"),
+            method=method,
             path=path,
             host=head.host,
             request_id=head.request_id,

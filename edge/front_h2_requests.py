@@ -43,7 +43,7 @@ from edge.http1 import (
     RequestReader,
     RequestRejected,
 )
-from edge.request_record import own_record, user_agent_of
+from edge.request_record import is_readiness_check, own_record, user_agent_of
 from edge.services import ClientFacts, EdgeServices
 from geoedge.logs import LogThrottle
 
@@ -211,6 +211,13 @@ class Http2Requests:
             trace_id=head.trace_id,
         )
         stream.record = record
+        if not stream.websocket and is_readiness_check(
+            record.method, record.path, services.http.readiness_path
+        ):
+            ready = services.ready()
+            record.outcome, record.reason = "readiness", "ready" if ready else "not ready"
+            stream.respond(200 if ready else 503)
+            return
         if not services.request_rate.allow(self.client_ip, record.started):
             record.outcome, record.reason = "rejected", "request rate limit"
             stream.respond(429)

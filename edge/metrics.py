@@ -13,7 +13,13 @@ from prometheus_client import CollectorRegistry
 
 from geoedge.metrics import LATENCY_BUCKETS, MetricSet
 
-__all__ = ["EdgeMetrics"]
+__all__ = ["CACHE_EVENTS", "EdgeMetrics"]
+
+#: The ``event`` labels of ``geoedge_edge_cache_events_total``.
+CACHE_EVENTS = (
+    "hit", "miss", "stale", "revalidated", "stored", "collapsed", "pass", "evicted", "purged",
+    "shared",
+)  # fmt: skip
 
 NAMESPACE = "geoedge_edge"
 
@@ -78,12 +84,49 @@ class EdgeMetrics:
             ("version",),
             buckets=LATENCY_BUCKETS,
         )
+        self.tunnel_sent_bytes = m.counter(
+            "tunnel_sent_bytes",
+            "Octets the edge's tunnel sockets sent per origin, retransmissions included",
+            ("origin",),
+        )
+        self.tunnel_retransmitted_bytes = m.counter(
+            "tunnel_retransmitted_bytes",
+            "Of those, octets TCP sent again (a lossy path shows here; from TCP_INFO)",
+            ("origin",),
+        )
         self.tunnel_rtt_seconds = m.histogram(
             "tunnel_rtt_seconds",
             "Tunnel round-trip time per origin, sampled once a second per worker",
             ("origin",),
             buckets=_RTT_BUCKETS,
         )
+        self.acme_events = m.counter(
+            "acme_events",
+            "ACME messages from the origin, by what became of them, and HTTP-01 answers",
+            ("event",),
+        )
+        self.acme_certificate_expiry = m.gauge(
+            "acme_certificate_expiry_timestamp_seconds",
+            "notAfter (Unix time) of the ACME certificate served for each name: the"
+            " earliest any live worker serves",
+            ("certificate", "name"),
+            mode="livemin",
+        )
+        self.cache_events = m.counter(
+            "cache_events",
+            "What the edge's cache did: hit, miss, stale (served stale), revalidated,"
+            " stored, collapsed (a request waited for a fetch in flight), pass"
+            " (hit-for-pass marks), evicted, purged, shared (found in the workers' shared tier)",
+            ("event",),
+        )
+        self.cache_bytes_served = m.counter(
+            "cache_served_bytes", "Response body octets served from the cache"
+        )
+        self.cache_entries = m.gauge("cache_entries", "Responses the cache holds (per worker)")
+        self.cache_bytes = m.gauge(
+            "cache_bytes", "Octets the cache holds, overheads included (per worker)"
+        )
+        self.cache_max_bytes = m.gauge("cache_max_bytes", "The cache's byte limit (per worker)")
         self._prime()
 
     def _prime(self) -> None:
@@ -98,3 +141,5 @@ class EdgeMetrics:
             self.tls_handshake_seconds.labels(version)
         for protocol in ("h1", "h2", "ws"):
             self.transfer_seconds.labels(protocol)
+        for event in CACHE_EVENTS:
+            self.cache_events.labels(event)

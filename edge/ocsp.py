@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives import serialization
 from cryptography.x509 import ocsp
+
+from geoedge.ocsp_ids import names_issuer
 
 log = logging.getLogger("geoedge.edge.tls")
 
@@ -78,7 +79,7 @@ def load_staple(path: Path, cert_path: Path) -> OcspStaple:
         raise OcspError(
             f"{path}: the response is not for {cert_path} (serial {leaf.serial_number:x})"
         )
-    if len(chain) > 1 and not _issued_by(single, chain[1]):
+    if len(chain) > 1 and not names_issuer(single, chain[1]):
         raise OcspError(f"{path}: the response is for another issuer than {cert_path}'s")
     next_update = single.next_update_utc
     return OcspStaple(
@@ -98,29 +99,6 @@ def _load_chain(cert_path: Path) -> list[x509.Certificate]:
     return chain
 
 
-def _issued_by(single: ocsp.OCSPSingleResponse, issuer: x509.Certificate) -> bool:
-    """The response's CertID names ``issuer`` (RFC 6960 §4.1.1: hashes of its
-    subject and of its public key's BIT STRING contents)."""
-    algorithm = single.hash_algorithm
-    name_hash = hashes.Hash(algorithm)
-    name_hash.update(issuer.subject.public_bytes())
-    key = issuer.public_key()
-    if isinstance(key, ec.EllipticCurvePublicKey):
-        bits = key.public_bytes(
-            serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
-        )
-    elif isinstance(key, rsa.RSAPublicKey):
-        bits = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.PKCS1)
-    else:
-        return True  # other key types: the serial number check stands alone
-    key_hash = hashes.Hash(algorithm)
-    key_hash.update(bits)
-    return (
-        name_hash.finalize() == single.issuer_name_hash
-        and key_hash.finalize() == single.issuer_key_hash
-    )
-
-
 class StapleTable:
     """Responses by certificate DER; :meth:`lookup` is the status callback's question."""
 
@@ -134,6 +112,9 @@ class StapleTable:
 
     def __len__(self) -> int:
         return len(self._by_certificate)
+
+    def items(self) -> list[tuple[bytes, OcspStaple]]:
+        return list(self._by_certificate.items())
 
     def lookup(self, certificate_der: bytes, now: float | None = None) -> bytes | None:
         staple = self._by_certificate.get(certificate_der)

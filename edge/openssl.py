@@ -10,6 +10,11 @@ What for (each is a one-call feature of OpenSSL that Python 3.11 does not expose
   X448 and P-521).
 - :class:`StatusCallback`: OCSP stapling (``SSL_CTX_set_tlsext_status_cb``,
   ``SSL_set_tlsext_status_ocsp_resp``): Python has no status callback.
+- :class:`ClientHelloAlpn`: whether a client offered one ALPN protocol,
+  known before the SNI callback runs (``SSL_CTX_set_client_hello_cb``,
+  ``SSL_client_hello_get0_ext``): TLS-ALPN-01 (RFC 8737) must answer a
+  client offering ``acme-tls/1`` with another certificate, and Python's SNI
+  callback does not see the client's ALPN list.
 - :func:`mark_shut_down`: what nginx does before freeing a connection that
   ends without a close_notify exchange (``SSL_set_quiet_shutdown``,
   ``SSL_set_shutdown``). OpenSSL evicts the session of a connection freed
@@ -49,6 +54,7 @@ from typing import Any
 log = logging.getLogger("geoedge.edge.tls")
 
 __all__ = [
+    "ClientHelloAlpn",
     "OpenSslUnavailable",
     "StatusCallback",
     "bindings",
@@ -72,6 +78,9 @@ _HEADER_BYTES = object.__basicsize__  # PyObject_HEAD (more under Py_TRACE_REFS)
 _POINTER_BYTES = ctypes.sizeof(ctypes.c_void_p)
 
 _StatusCb = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+_ClientHelloCb = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+_TLSEXT_TYPE_ALPN = 16
+_SSL_CLIENT_HELLO_SUCCESS = 1
 
 
 class OpenSslUnavailable(Exception):
@@ -96,6 +105,12 @@ def _declare(lib: ctypes.CDLL) -> None:
         "SSL_get_certificate": (vp, [vp]),
         "i2d_X509": (c_int, [vp, vp]),
         "CRYPTO_malloc": (vp, [ctypes.c_size_t, ctypes.c_char_p, c_int]),
+        "SSL_CTX_set_client_hello_cb": (None, [vp, vp, vp]),
+        "SSL_client_hello_get0_ext": (
+            c_int,
+            [vp, ctypes.c_uint, ctypes.POINTER(vp), ctypes.POINTER(ctypes.c_size_t)],
+        ),
+        "SSL_get_ex_data": (vp, [vp, c_int]),
     }
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)  # AttributeError: not this OpenSSL
@@ -266,3 +281,68 @@ class StatusCallback:
         except Exception:
             log.exception("OCSP stapling failed; handshake continues without a staple")
             return SSL_TLSEXT_ERR_NOACK
+
+
+# -- the ALPN protocols a client offers, before the SNI callback --------------------------
+
+
+def offers_protocol(extension: bytes, protocol: bytes) -> bool:
+    """Whether an ALPN extension's body (RFC 7301 §3.1: a 2-octet length, then
+    1-octet-length protocol names) lists ``protocol``. Malformed: False."""
+    if len(extension) < 2 or int.from_bytes(extension[:2], "big") != len(extension) - 2:
+        return False
+    at = 2
+    while at < len(extension):
+        size = extension[at]
+        name = extension[at + 1 : at + 1 + size]
+        if size == 0 or len(name) != size:
+            return False
+        if name == protocol:
+            return True
+        at += 1 + size
+    return False
+
+
+class ClientHelloAlpn:
+    """A client-hello callback that marks connections whose client offers
+    ``protocol`` by ALPN: ``geoedge_acme_tls = True`` on the connection's
+    owner (the :class:`edge.tls_transport.TlsServerTransport`, or the
+    ``SSLObject``), which is also what Python's SNI callback is handed.
+
+    The owner is found through the ``SSL``'s app data, where ``_ssl`` keeps
+    its ``_SSLSocket`` (``SSL_set_app_data``, ``Modules/_ssl.c``), whose
+    ``owner`` is the Python object. The callback runs inside
+    ``SSL_do_handshake`` (ctypes takes the GIL) and never fails a handshake:
+    an error is logged and the connection is simply not marked."""
+
+    def __init__(self, protocol: str) -> None:
+        self._lib = bindings().lib
+        self._protocol = protocol.encode()
+        self._c_callback = _ClientHelloCb(self._on_client_hello)  # kept alive by self
+
+    def install(self, context: ssl.SSLContext) -> None:
+        callback = ctypes.cast(self._c_callback, ctypes.c_void_p)
+        self._lib.SSL_CTX_set_client_hello_cb(context_pointer(context), callback, None)
+
+    def uninstall(self, context: ssl.SSLContext) -> None:
+        self._lib.SSL_CTX_set_client_hello_cb(context_pointer(context), None, None)
+
+    def _on_client_hello(self, ssl_pointer: int, _alert: int, _arg: int) -> int:
+        try:
+            lib = self._lib
+            data, size = ctypes.c_void_p(), ctypes.c_size_t()
+            found = lib.SSL_client_hello_get0_ext(
+                ssl_pointer, _TLSEXT_TYPE_ALPN, ctypes.byref(data), ctypes.byref(size)
+            )
+            if found != 1 or not data.value:
+                return _SSL_CLIENT_HELLO_SUCCESS
+            extension = ctypes.string_at(data.value, size.value)
+            if not offers_protocol(extension, self._protocol):
+                return _SSL_CLIENT_HELLO_SUCCESS
+            app_data = lib.SSL_get_ex_data(ssl_pointer, 0)
+            if app_data:
+                connection = ctypes.cast(app_data, ctypes.py_object).value
+                connection.owner.geoedge_acme_tls = True
+        except Exception:
+            log.exception("client hello inspection failed; the handshake goes on unmarked")
+        return _SSL_CLIENT_HELLO_SUCCESS

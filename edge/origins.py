@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import random
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from edge.config import OriginConfig
 from tunnel.aio.connection import TunnelConnection
+from tunnel.aio.control import ControlHandler
 from tunnel.aio.errors import NoTunnelAvailable
 from tunnel.aio.pool import PoolStatistics, TunnelPool
 from tunnel.aio.stream import TunnelStream
@@ -61,9 +62,15 @@ class TunnelWaiter(Protocol):
 
 class OriginSet:
     """One :class:`TunnelPool` per configured origin, and the requests waiting
-    for any of them to have a usable connection."""
+    for any of them to have a usable connection. Every connection answers the
+    origins' CONTROL messages with ``control_handlers`` (:mod:`tunnel.aio.control`)."""
 
-    def __init__(self, origins: Sequence[OriginConfig], session_config: SessionConfig) -> None:
+    def __init__(
+        self,
+        origins: Sequence[OriginConfig],
+        session_config: SessionConfig,
+        control_handlers: Mapping[int, ControlHandler] | None = None,
+    ) -> None:
         self._configs = {o.name: o for o in origins}
         self._rng = random.Random()
         self._waiters: dict[TunnelWaiter, None] = {}  # insertion-ordered: first come, first served
@@ -78,7 +85,11 @@ class OriginSet:
                 _s: ssl.SSLContext | None = ssl_context,
             ) -> TunnelConnection:
                 return await dial_tunnel(
-                    _c, session_config, ssl_context=_s, learned_window_hint=hint
+                    _c,
+                    session_config,
+                    ssl_context=_s,
+                    learned_window_hint=hint,
+                    control_handlers=control_handlers,
                 )
 
             self.pools[origin.name] = TunnelPool(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from edge.http1 import RequestHeadReceived
 
-__all__ = ["RequestRecord", "own_record", "user_agent_of"]
+__all__ = ["RequestRecord", "is_readiness_check", "own_record", "user_agent_of"]
 
 
 @dataclass(slots=True)
@@ -56,6 +56,9 @@ class RequestRecord:
     """A WebSocket's: the status code of the first Close frame (1005: none)."""
     ws_closed_by: str | None = None
     """Who sent that Close first: ``client``, ``backend`` or ``edge`` (a drain)."""
+    cache: str = ""
+    """What the edge's cache did (edge.cache): hit, stale, miss, revalidated,
+    stale-error, collapsed, pass, bypass; empty when it was not asked."""
 
     @property
     def answered(self) -> bool:
@@ -93,3 +96,12 @@ def user_agent_of(head: RequestHeadReceived) -> str | None:
         if name == b"user-agent":
             return value[:256].decode("latin-1")
     return None
+
+
+def is_readiness_check(method: str, path: str, readiness_path: str) -> bool:
+    """A ``GET``/``HEAD`` of the edge's own ``[http] readiness_path`` (with or
+    without a query), which the edge answers itself; ``""`` switches it off."""
+    if not readiness_path or method not in ("GET", "HEAD") or not path.startswith(readiness_path):
+        return False
+    rest = path[len(readiness_path) :]
+    return not rest or rest[0] == "?"

@@ -10,9 +10,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from edge.acme_status import HeldCertificates
 from edge.config import EdgeConfig
+from geoedge.cert_expiry import CertificateWatch, certificates_table
 from geoedge.status_page import Cell, Row, StatusPage, Table, cell
-from geoedge.status_window import MetricsWindow, workers_table
+from geoedge.status_window import (
+    RETRANSMIT_BAD,
+    RETRANSMIT_WARN,
+    MetricsWindow,
+    retransmit_ratio,
+    workers_table,
+)
+from geoedge.version import package_version
 from geoedge.workers import SupervisorStatistics
 
 __all__ = ["EdgeStatus"]
@@ -26,6 +35,9 @@ class EdgeStatus:
     config: EdgeConfig
     window: MetricsWindow
     supervisor: Callable[[], SupervisorStatistics]
+    certificates: CertificateWatch | None = None
+    #: The ACME certificates the edge holds ([acme] enabled), for their table.
+    acme: HeldCertificates | None = None
 
     def sample(self) -> None:
         self.window.sample()
@@ -38,6 +50,7 @@ class EdgeStatus:
         errors = sum(rate for (status,), rate in requests.items() if status.startswith("5"))
         facts = [
             ("edge", Cell(self.config.edge.id)),
+            ("version", Cell(package_version())),
             ("state", Cell("draining", "warn") if stats.stopping else Cell("serving", "ok")),
             ("workers", Cell(f"{stats.running}/{stats.target}", "" if stats.running else "bad")),
             ("requests", cell(total, "/s")),
@@ -47,8 +60,42 @@ class EdgeStatus:
         return StatusPage(
             f"geoedge edge {self.config.edge.id}",
             facts,
-            [self._tunnels(), self._phases(), self._errors(), self._workers()],
+            [
+                self._tunnels(),
+                *([self._cache()] if self.config.cache.enabled else []),
+                self._phases(),
+                self._errors(),
+                self._workers(),
+            ]
+            + ([certificates_table(self.certificates)] if self.certificates else [])
+            + ([self.acme.table()] if self.acme is not None else []),
         )
+
+    def _cache(self) -> Table:
+        """What the cache did in the window and holds now (edge.cache; all workers)."""
+        w = self.window
+        events = {k[0]: v for k, v in w.rate("geoedge_edge_cache_events_total", ("event",)).items()}
+        served = w.rate("geoedge_edge_cache_served_bytes_total", ()).get((), 0.0)
+        entries = w.gauge("geoedge_edge_cache_entries", ()).get((), 0.0)
+        held = w.gauge("geoedge_edge_cache_bytes", ()).get((), 0.0)
+        limit = w.gauge("geoedge_edge_cache_max_bytes", ()).get((), 0.0)
+        hits, misses = events.get("hit", 0.0), events.get("miss", 0.0)
+        ratio = hits / (hits + misses) if hits + misses else None
+        memory = f"{entries:.0f} responses, {held / 2**20:.1f} of {limit / 2**20:.0f} MiB"
+        lines = [
+            ("hit ratio", cell(ratio, "%"), "hits / (hits + misses)"),
+            ("hits", cell(hits, "/s"), "served from the edge, stale ones too"),
+            ("misses", cell(misses, "/s"), "went to the origin (revalidations too)"),
+            ("stale served", cell(events.get("stale"), "/s"), "stale-while-revalidate, -if-error"),
+            ("revalidated", cell(events.get("revalidated"), "/s"), "304s that freshened one"),
+            ("collapsed", cell(events.get("collapsed"), "/s"), "waited for a fetch in flight"),
+            ("evicted", cell(events.get("evicted"), "/s", warn=1.0), "the byte limit made room"),
+            ("purged", cell(events.get("purged"), "/s"), "by the admin API or an origin"),
+            ("served from the cache", Cell(f"{served / 1e6:.2f} MB/s"), "response bodies"),
+            ("held", Cell(memory), "all workers; each has its own cache"),
+        ]
+        rows = [Row([Cell(what), value, Cell(meaning)]) for what, value, meaning in lines]
+        return Table("Cache (last minute)", ["what", "value", "meaning"], rows)
 
     def _tunnels(self) -> Table:
         w = self.window
@@ -59,6 +106,8 @@ class EdgeStatus:
         ttfb50 = w.quantile(0.5, "geoedge_edge_upstream_first_byte_seconds", ("origin",))
         ttfb95 = w.quantile(0.95, "geoedge_edge_upstream_first_byte_seconds", ("origin",))
         rate = w.rate("geoedge_edge_request_duration_seconds_count", ("origin",))
+        sent = w.rate("geoedge_edge_tunnel_sent_bytes_total", ("origin",))
+        resent = w.rate("geoedge_edge_tunnel_retransmitted_bytes_total", ("origin",))
         rows = []
         for origin in self.config.origins:
             key = (origin.name,)
@@ -76,6 +125,12 @@ class EdgeStatus:
                         cell(ttfb50.get(key), "s"),
                         cell(ttfb95.get(key), "s"),
                         cell(rate.get(key), "/s"),
+                        cell(
+                            retransmit_ratio(sent.get(key), resent.get(key)),
+                            "%",
+                            warn=RETRANSMIT_WARN,
+                            bad=RETRANSMIT_BAD,
+                        ),
                     ]
                 )
             )
@@ -92,11 +147,14 @@ class EdgeStatus:
                 "first byte p50",
                 "first byte p95",
                 "requests",
+                "retransmitted",
             ],
             rows,
             note="First byte: from a request's head at the edge to its response's first"
             " octet, i.e. tunnel + origin + Node. Compare it with the RTT: the rest is the"
-            " origin's side (see its status page).",
+            " origin's side (see its status page). Retransmitted: of the octets the edge's"
+            " tunnel sockets sent, those TCP sent again (TCP_INFO): a path that loses"
+            " packets shows here, and on the origin's page for the other direction.",
         )
 
     def _phases(self) -> Table:

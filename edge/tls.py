@@ -3,7 +3,9 @@ the key-exchange groups and OCSP stapling.
 
 - One ``SSLContext`` per configured certificate; the listener's context picks
   among them in its SNI callback (exact name, then ``*.parent`` wildcard, else
-  the first certificate).
+  the first certificate). Certificates issued by the origin's ACME client
+  (``[acme]``, :mod:`edge.tls_acme`) come after the files at each step, and
+  the TLS-ALPN-01 challenge certificate goes to clients offering ``acme-tls/1``.
 - Contexts are built in the supervisor *before* the workers fork, so every
   worker shares the same session-ticket keys and a ticket issued by one worker
   resumes on any other (Python's ``ssl`` has no API to set ticket keys;
@@ -46,8 +48,10 @@ from pathlib import Path
 from cryptography import x509
 
 from edge import openssl
+from edge.acme_store import AcmeStore, StoreError
 from edge.config import CertificateConfig, TlsConfig
 from edge.ocsp import OcspError, OcspStaple, StapleTable, leaf_der, load_staple
+from edge.tls_acme import AcmeCertificates
 
 log = logging.getLogger("geoedge.edge.tls")
 
@@ -95,14 +99,24 @@ class _Entry:
 class _Variant:
     """The contexts of one ALPN list: one per set of names, and the SNI choice
     between them (OpenSSL picks the ALPN protocol with the context the SNI
-    callback chose, so each ALPN list needs its own contexts)."""
+    callback chose, so each ALPN list needs its own contexts). ``context`` is
+    the one handshakes start on: the first file certificate's, or, with none
+    configured, one without a certificate until ACME brings one."""
 
-    def __init__(self, entries: list[_Entry]) -> None:
+    def __init__(
+        self,
+        entries: list[_Entry],
+        alpn: tuple[str, ...],
+        context: ssl.SSLContext,
+        acme: AcmeCertificates | None,
+    ) -> None:
         self.entries = entries
+        self.alpn = alpn
+        self.acme = acme
         self._exact: dict[str, ssl.SSLContext] = {}
         self._wildcard: dict[str, ssl.SSLContext] = {}
         self.index()
-        self.context = entries[0].context
+        self.context = context
         self.context.sni_callback = self._select
 
     def index(self) -> None:
@@ -116,20 +130,30 @@ class _Variant:
                     self._exact.setdefault(name, entry.context)
 
     def context_for(self, server_name: str | None) -> ssl.SSLContext:
+        """Files before ACME at each step: exact name, then wildcard (edge.tls_acme)."""
+        acme = self.acme
         if server_name:
             name = server_name.lower().rstrip(".")
-            context = self._exact.get(name)
-            if context is not None:
+            context = self._exact.get(name) or (acme and acme.exact(name, self.alpn))
+            if context:
                 return context
             _, _, parent = name.partition(".")
-            context = self._wildcard.get(parent)
-            if context is not None:
+            context = self._wildcard.get(parent) or (acme and acme.wildcard(parent, self.alpn))
+            if context:
                 return context
-        return self.entries[0].context
+        if self.entries:
+            return self.entries[0].context
+        return (acme and acme.default(self.alpn)) or self.context
 
     def _select(self, ssl_object: ssl.SSLObject, server_name: str | None, _: object) -> None:
         # Python exposes the client's SNI to servers only here: keep it for metadata.
         ssl_object.geoedge_server_name = server_name  # type: ignore[attr-defined]
+        acme = self.acme
+        if acme is not None and server_name:
+            challenge = acme.challenge(ssl_object, server_name.lower().rstrip("."))
+            if challenge is not None:  # TLS-ALPN-01: this client offered acme-tls/1
+                ssl_object.context = challenge
+                return
         context = self.context_for(server_name)
         if context is not self.context:
             ssl_object.context = context
@@ -143,6 +167,7 @@ class CertificateStore:
         self,
         config: TlsConfig,
         alpn_lists: tuple[tuple[str, ...], ...] = (("h2", "http/1.1"),),
+        acme_store: AcmeStore | None = None,
     ) -> None:
         self._config = config
         self._staples = StapleTable()
@@ -152,13 +177,32 @@ class CertificateStore:
                 self._status = openssl.StatusCallback(self._staples.lookup)
             except openssl.OpenSslUnavailable as exc:
                 raise TlsConfigError(f"[[tls.certificates]] ocsp_response: {exc}") from exc
-        self._variants = {
-            alpn: _Variant(self._build_all(config.certificates, alpn))
-            for alpn in dict.fromkeys(alpn_lists)
-        }
+        alpns = tuple(dict.fromkeys(alpn_lists))
+        #: Certificates from the origin's ACME client (None: [acme] is off).
+        self.acme = (
+            None if acme_store is None else AcmeCertificates(acme_store, alpns, self._new_context)
+        )
+        self._variants: dict[tuple[str, ...], _Variant] = {}
+        for alpn in alpns:
+            entries = self._build_all(config.certificates, alpn)
+            start = entries[0].context if entries else self._new_context(alpn)
+            self._variants[alpn] = _Variant(entries, alpn, start, self.acme)
         self._entries = next(iter(self._variants.values())).entries
         self._staples.replace(self._load_staples())
         self.context = next(iter(self._variants.values())).context
+        if self.acme is not None:
+            self.acme.attach_listeners(v.context for v in self._variants.values())
+            self.load_acme()
+
+    def load_acme(self) -> None:
+        """Serve what the ACME store holds (start, reload, a worker's start)."""
+        if self.acme is None:
+            return
+        try:
+            self.acme.store.prepare()
+        except StoreError as exc:
+            raise TlsConfigError(f"[acme] store_dir: {exc}") from exc
+        self.acme.load_stored()
 
     def context_for_alpn(self, alpn: tuple[str, ...]) -> ssl.SSLContext:
         """The default context of listeners that offer ``alpn``."""
@@ -265,10 +309,12 @@ class CertificateStore:
         self._staples.replace(staples)
         for variant in self._variants.values():
             variant.index()
+        self.load_acme()
         log.info(
-            "reloaded %d certificate(s), %d OCSP response(s)",
+            "reloaded %d certificate(s), %d OCSP response(s), %d ACME certificate(s)",
             sum(len(e.configs) for e in self._entries),
             len(staples),
+            0 if self.acme is None else len(self.acme),
         )
 
 

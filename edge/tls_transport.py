@@ -126,6 +126,7 @@ class TlsServerTransport(asyncio.Transport):
         "_wbuf",
         "_write_progress",
         "_writer",
+        "geoedge_acme_tls",
         "geoedge_server_name",
         "handshake_seconds",
     )
@@ -168,6 +169,7 @@ class TlsServerTransport(asyncio.Transport):
         self._buffered = 0
         self._peer: Any = None
         self.geoedge_server_name: str | None = None
+        self.geoedge_acme_tls = False  # the client offered acme-tls/1 (edge.tls_acme)
         self._tls = context._wrap_socket(sock, True, None, owner=self)  # type: ignore[attr-defined]
         self._timer: asyncio.TimerHandle | None = loop.call_later(
             handshake_timeout_s, self._timed_out

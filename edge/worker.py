@@ -7,12 +7,20 @@ second over the open connections instead of a timer per connection.
 
 The worker is the services object its client connections and their exchanges
 get (:class:`edge.services.EdgeServices`): they call it, never import it.
+
+CONTROL messages from the origins (PROTOCOL.md §5.14) are answered by the
+worker's handler table, :attr:`EdgeWorker.control_handlers`, which all its
+tunnel connections share: the origin sends a message on every connection, so
+it reaches every worker. ECHO is answered here; a feature adds its own kind
+with ``worker.control_handlers.add(kind, handler)`` when it is built
+(:mod:`tunnel.aio.control` says how a handler answers).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -23,7 +31,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from edge.acme_responder import AcmeResponder
 from edge.admission import ConnectionAdmission, RequestRate
+from edge.cache import EdgeCache
+from edge.cache.allocator import bound_large_blocks
 from edge.config import EdgeConfig, ListenerConfig
 from edge.deadlines import Deadlines
 from edge.exchange import RequestRecord
@@ -35,9 +46,15 @@ from edge.metrics import EdgeMetrics
 from edge.origins import OriginSet
 from edge.services import ClientConnection, ClientFacts
 from edge.tls import CertificateStore
+from geoedge.acme_wire import ACME_CERTIFICATE_SET, ACME_KINDS
+from geoedge.cache_purge import PurgeError, parse_purge
 from geoedge.logs import AccessLog, LogThrottle
 from geoedge.metrics import ProcessMetrics, Tally
+from geoedge.workers import resolve_worker_count, worker_share
+from tunnel.aio.control import ControlHandlers, ControlReply, echo
 from tunnel.aio.stream import TunnelStream
+from tunnel.aio.tcp_info import RetransmitTally
+from tunnel.mux import ControlKind, ControlStatus
 
 log = logging.getLogger("geoedge.edge")
 throttled = LogThrottle(log)
@@ -72,7 +89,9 @@ class EdgeWorker:
         #: The Strict-Transport-Security field line of every HTTPS response, if on.
         self.hsts_field = None if hsts is None else f"Strict-Transport-Security: {hsts}".encode()
         self._sockets = sockets
-        self.origins = OriginSet(config.origins, config.tunnel)
+        #: How this worker answers the origins' CONTROL messages, by kind.
+        self.control_handlers = ControlHandlers({ControlKind.ECHO: echo})
+        self.origins = OriginSet(config.origins, config.tunnel, self.control_handlers)
         self.connections: set[ClientConnection] = set()
         #: Set while no client connection is open (what a drain waits for).
         self._no_connections = asyncio.Event()
@@ -85,17 +104,51 @@ class EdgeWorker:
         self._id_counter = itertools.count(1)
         self.access_log = _open_access_log(config)
         self.tally = Tally()
+        self._retransmits = RetransmitTally()
         self.metrics = EdgeMetrics()
         self.process_metrics = ProcessMetrics("edge")
         limits = config.limits
+        # The caps are per host: this worker enforces its share.
+        workers = resolve_worker_count(config.edge.workers)
         self.admission = ConnectionAdmission(
-            limits.max_connections, limits.max_connections_per_client_ip
+            worker_share(limits.max_connections, workers),
+            worker_share(limits.max_connections_per_client_ip, workers),
         )
         self.request_rate = RequestRate(limits.requests_per_s_per_client_ip, limits.request_burst)
+        #: The worker's ACME tables (None without [acme] enabled).
+        self.acme = (
+            None
+            if certificates.acme is None
+            else AcmeResponder(
+                certificates.acme,
+                plain_http=config.redirect is not None,
+                on_event=lambda event: self.tally.add(self.metrics.acme_events, event),
+            )
+        )
+        if self.acme is not None:
+            for kind in ACME_KINDS:
+                self.control_handlers.add(kind, functools.partial(self._on_acme, kind))
+        self.cache: EdgeCache | None = None
+        self._cache_seen: dict[str, int] = {}
+        self._cache_bytes_seen = 0
+        if config.cache.enabled:
+            bound_large_blocks()
+        if config.cache.enabled or config.compression.enabled:
+            self.cache = EdgeCache(
+                config.cache,
+                config.compression,
+                config.edge.id,
+                response_timeout_s=http.response_timeout_s,
+            )
+        self.control_handlers.add(ControlKind.CACHE_PURGE, self.purge_from_origin)
 
     # -- life cycle -----------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.certificates.acme is not None:
+            # What other workers stored since the supervisor forked this one.
+            self.certificates.load_acme()
+            self._export_acme()
         self.origins.start()
         for listener, sock in self._sockets:
             self._listeners.append(self._listen(listener, sock))
@@ -214,12 +267,37 @@ class EdgeWorker:
                 self.access_log.flush()
             self._sweep_connections(time.monotonic())
             self._export_tunnel_metrics()
+            self._export_acme()
+            self._export_cache_metrics()
+            if self.cache is not None:
+                self.cache.apply_shared_invalidations()
 
     def _sweep_connections(self, now: float) -> None:
         # Not inline in _sweep: its loop variable would keep the last connection
         # alive (the sweep never returns) until the next sweep found another.
         for connection in list(self.connections):
             connection.sweep(now)
+
+    def _export_acme(self) -> None:
+        acme = self.certificates.acme
+        if acme is None:
+            return
+        gauge = self.metrics.acme_certificate_expiry
+        for stored in acme.certificates():
+            for name in stored.names:
+                gauge.labels(stored.id, name).set(stored.not_after)
+
+    def _on_acme(self, kind: int, body: bytes) -> ControlReply:
+        """A CONTROL message of an ACME kind (geoedge.acme_wire), applied here."""
+        assert self.acme is not None
+        applied = self.acme.apply(kind, body)
+        if applied.applied and kind == ACME_CERTIFICATE_SET:
+            self._export_acme()
+        status = ControlStatus.APPLIED if applied.applied else ControlStatus.REFUSED
+        return ControlReply(status, applied.reason)
+
+    def acme_http01(self, host: str | None, path: str) -> str | None:
+        return None if self.acme is None else self.acme.http01_answer(host, path)
 
     def _export_tunnel_metrics(self) -> None:
         self.metrics.connections_open.set(len(self.connections))
@@ -231,8 +309,75 @@ class EdgeWorker:
             if stats.srtt_s is not None:
                 self.metrics.tunnel_srtt.labels(stats.name).set(stats.srtt_s)
                 self.tally.observe(self.metrics.tunnel_rtt_seconds, (stats.name,), stats.srtt_s)
+        sockets = [
+            (name, connection, connection.tcp_info())
+            for name, pool in self.origins.pools.items()
+            for connection in pool.connections
+        ]
+        for name, sent in self._retransmits.take(sockets).items():
+            self.tally.add(self.metrics.tunnel_sent_bytes, name, sent.bytes)
+            self.tally.add(self.metrics.tunnel_retransmitted_bytes, name, sent.retransmitted)
+
+    def _export_cache_metrics(self) -> None:
+        cache = self.cache
+        if cache is None or not cache.enabled:
+            return
+        counters, store = cache.counters, cache.store
+        now = {
+            "hit": counters.hits,
+            "miss": counters.misses,
+            "stale": counters.stale_served,
+            "revalidated": counters.revalidated,
+            "stored": counters.stored,
+            "collapsed": counters.collapsed_waits,
+            "pass": counters.passes,
+            "evicted": store.evictions,
+            "purged": counters.purged,
+            "shared": counters.shared,
+        }
+        seen = self._cache_seen
+        for event, value in now.items():
+            if value > seen.get(event, 0):
+                self.metrics.cache_events.labels(event).inc(value - seen.get(event, 0))
+        self._cache_seen = now
+        served = counters.bytes_served - self._cache_bytes_seen
+        if served > 0:
+            self.metrics.cache_bytes_served.inc(served)
+            self._cache_bytes_seen = counters.bytes_served
+        self.metrics.cache_entries.set(len(store))
+        self.metrics.cache_bytes.set(store.bytes_held)
+        self.metrics.cache_max_bytes.set(store.max_bytes)
+
+    def purge_from_origin(self, body: bytes) -> ControlReply:
+        """CACHE_PURGE from an origin (PROTOCOL.md §5.14): drop what it names."""
+        if self.cache is None or not self.cache.enabled:
+            return ControlReply(ControlStatus.REFUSED, "the cache is off on this edge")
+        try:
+            purge = parse_purge(body)
+        except PurgeError as exc:
+            return ControlReply(ControlStatus.REFUSED, str(exc)[:200])
+        count = self.cache.purge(purge.kind, purge.values)
+        log.info("cache purge from an origin, %s: %d entries", purge.kind, count)
+        return ControlReply(ControlStatus.APPLIED, f"purged {count} in worker {self._pid}")
+
+    def on_control(self, message: dict[str, Any]) -> None:
+        """A message from the parent (:func:`geoedge.workers.listen_control`)."""
+        log.warning("unknown control message %r", message.get("op"))
+
+    async def on_request(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A request from the parent that wants an answer (the admin API's purge)."""
+        if message.get("op") != "cache_purge":
+            raise ValueError(f"unknown request {message.get('op')!r}")
+        purge = parse_purge(message["purge"])
+        count = self.cache.purge(purge.kind, purge.values) if self.cache is not None else 0
+        log.info("cache purge %s %s: %d entries", purge.kind, ", ".join(purge.values), count)
+        self._export_cache_metrics()
+        return {"purged": count}
 
     # -- edge.services.EdgeServices ------------------------------------------------------
+
+    def ready(self) -> bool:
+        return not self.draining and self.origins.any_usable
 
     def new_request_id(self) -> str:
         return f"{self._id_prefix}{next(self._id_counter):08x}"
@@ -312,6 +457,8 @@ class EdgeWorker:
         if self.access_log is None:
             return
         extra: dict[str, Any] = {"reason": record.reason} if record.reason else {}
+        if record.cache:
+            extra["cache"] = record.cache
         if protocol == "ws":
             extra["ws_close_code"] = record.ws_close_code
             extra["ws_closed_by"] = record.ws_closed_by
@@ -358,7 +505,7 @@ class _TrustCheckingConnection(Http1Connection):
 
 
 def _open_access_log(config: EdgeConfig) -> AccessLog | None:
-    target = config.http.access_log
+    target = config.edge.access_log
     if not target:
         return None
     return AccessLog(sys.stdout if target == "-" else target, edge_id=config.edge.id)

@@ -4,12 +4,15 @@
 them; everything they share that is not the protocol lives here, one module per
 concern:
 
-- configuration: :mod:`geoedge.config` (schema and loading), :mod:`geoedge.config_render`
+- configuration: :mod:`geoedge.config` (schema, loading, renamed keys),
+  :mod:`geoedge.config_render`, :mod:`geoedge.config_reference` (docs/configuration.md)
 - processes: :mod:`geoedge.workers` (the prefork supervisor), :mod:`geoedge.listening`
   (the one ``bind_listener``), :mod:`geoedge.systemd` (sd_notify, watchdog)
 - observing: :mod:`geoedge.logs`, :mod:`geoedge.metrics`, :mod:`geoedge.admin` (the
-  admin listener), :mod:`geoedge.memory`, :mod:`geoedge.status_page`, :mod:`geoedge.status_window`
+  admin listener: liveness, readiness, metrics), :mod:`geoedge.cert_expiry`,
+  :mod:`geoedge.memory`, :mod:`geoedge.status_page`, :mod:`geoedge.status_window`
 - the PROXY protocol codec: :mod:`geoedge.proxy` (the edge reads it, the origin writes it)
+- installing: :mod:`geoedge.release` (versioned installs from the lock file)
 - the ``geoedge`` command and its tools: :mod:`geoedge.cli`, :mod:`geoedge.pki`,
   :mod:`geoedge.wireguard`, :mod:`geoedge.host_init`, :mod:`geoedge.preflight`,
   :mod:`geoedge.demo`, :mod:`geoedge.assets` (the shipped deployment files)

@@ -1,10 +1,18 @@
 """The admin HTTP listener both daemons run in their parent process (aiohttp).
 
-Built in:
+Built in, with Kubernetes' names for the two questions a fleet asks:
 
-- ``GET /healthz``: 200 when the daemon says it is healthy, else 503; the body
-  is the JSON detail the daemon's ``health`` callable returns, so a load
-  balancer reads the status and a person reads why.
+- ``GET /livez``: liveness, "is this process and are its listeners working?"
+  (the ``liveness`` callable). Only a failing liveness check should replace a
+  host or restart the daemon: it stays 200 while the origin is down, while
+  this edge is refused by the origin, and during a drain.
+- ``GET /readyz``: readiness, "should users be sent here?" (the ``health``
+  callable: the edge has a usable tunnel, the origin a usable backend). A
+  failing readiness check moves traffic elsewhere and replaces nothing.
+- ``GET /healthz``: the same as ``/readyz`` (the name older checks use).
+
+Each answers 200 or 503 with the JSON detail the daemon's callable returns,
+so a load balancer reads the status and a person reads why.
 - ``GET /metrics``: the Prometheus text format (:func:`geoedge.metrics.exposition`:
   every worker's metrics merged in multiprocess mode).
 
@@ -26,7 +34,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.registry import Collector
 
 from geoedge.metrics import FamilyFilter, exposition
 from geoedge.status_page import REFRESH_S, StatusPage, render, render_main
@@ -36,8 +45,12 @@ __all__ = ["AdminServer", "HealthReport"]
 
 log = logging.getLogger("geoedge.admin")
 
-#: ``health()`` returns (healthy, detail); the detail becomes the JSON body.
+#: ``health()`` and ``liveness()`` return (ok, detail); the detail becomes the JSON body.
 HealthReport = tuple[bool, dict[str, Any]]
+
+
+def _always_live() -> HealthReport:
+    return True, {}
 
 
 class StatusSource(Protocol):
@@ -58,19 +71,33 @@ class AdminServer:
         address: str,
         *,
         health: Callable[[], HealthReport],
+        liveness: Callable[[], HealthReport] = _always_live,
         registries: Sequence[CollectorRegistry] = (),
         routes: Sequence[web.AbstractRouteDef] = (),
         status: StatusSource | None = None,
         keep_metrics: FamilyFilter | None = None,
+        collectors: Sequence[Collector] = (),
     ) -> None:
         self.address = address
         self._health = health
+        self._liveness = liveness
         self._registries = tuple(registries)
         self._status = status
         self._keep_metrics = keep_metrics
+        # The parent's own collectors (certificate expiry): outside the
+        # multiprocess files, appended to what the workers export.
+        self._own = CollectorRegistry(auto_describe=False)
+        for collector in collectors:
+            self._own.register(collector)
         self._app = web.Application()
         self._app.add_routes(
-            [web.get("/healthz", self._healthz), web.get("/metrics", self._metrics), *routes]
+            [
+                web.get("/livez", self._livez),
+                web.get("/readyz", self._readyz),
+                web.get("/healthz", self._readyz),
+                web.get("/metrics", self._metrics),
+                *routes,
+            ]
         )
         if status is not None:
             self._app.add_routes(
@@ -114,9 +141,15 @@ class AdminServer:
         """The listening socket's descriptor (a forked worker closes its copy)."""
         return self._sock.fileno() if self._sock is not None else None
 
-    async def _healthz(self, request: web.Request) -> web.Response:
-        healthy, detail = self._health()
-        return web.json_response({"healthy": healthy, **detail}, status=200 if healthy else 503)
+    async def _readyz(self, request: web.Request) -> web.Response:
+        ready, detail = self._health()
+        body = {"ready": ready, "healthy": ready, **detail}
+        return web.json_response(body, status=200 if ready else 503, headers=_NO_STORE)
+
+    async def _livez(self, request: web.Request) -> web.Response:
+        live, detail = self._liveness()
+        body = {"live": live, **detail}
+        return web.json_response(body, status=200 if live else 503, headers=_NO_STORE)
 
     async def _sample(self, status: StatusSource) -> None:
         while True:
@@ -140,7 +173,7 @@ class AdminServer:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body, content_type = exposition(self._registries, self._keep_metrics)
-        response = web.Response(body=body)
+        response = web.Response(body=body + generate_latest(self._own))
         response.headers["Content-Type"] = content_type
         return response
 

@@ -1,7 +1,7 @@
 """The ``geoedge`` command: PKI and WireGuard tooling, host files, the local demo.
 
 Each subcommand is a thin shell over a library function (:mod:`geoedge.pki`,
-:mod:`geoedge.wireguard`, :mod:`geoedge.host_init`,
+:mod:`geoedge.wireguard`, :mod:`geoedge.host_init`, :mod:`geoedge.release`,
 :mod:`geoedge.demo`), so everything the command does can also be done,
 and is tested, from Python. The demo and the config schemas are imported only
 when asked for: they pull in the daemons, which the PKI commands on a bare CA
@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from geoedge import assets, host_init, pki, wireguard
+from geoedge import acme_cli, assets, host_init, pki, release, wireguard
 from geoedge.version import add_version_option, package_version
 
 __all__ = ["build_parser", "main"]
@@ -34,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Everything after "demo" belongs to the demo, --help included; argparse's
         # REMAINDER cannot pass an option-like first argument through.
         return _run_demo(args_list[1:])
+    if args_list[:1] == ["release"]:
+        return release.main(args_list[1:])
     try:
         args = parser.parse_args(args_list)
     except SystemExit as exc:  # --help, or a usage error already printed by argparse
@@ -48,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wireguard.WireguardToolingError,
         host_init.InitError,
         assets.AssetsError,
+        acme_cli.AcmeCliError,
     ) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
@@ -63,8 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_wireguard(commands)
     _add_init(commands)
     _add_config(commands)
+    acme_cli.add_acme(commands)
     # Listed for --help only: main() hands "demo ..." to the demo before parsing.
     commands.add_parser("demo", help="run origin, edge and sample Node.js backends on localhost")
+    commands.add_parser(
+        "release", help="versioned installs: install, activate, rollback, list (geoedge.release)"
+    )
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(handler=_run_version)
     return parser
@@ -111,6 +118,16 @@ def _add_pki(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     peer.add_argument("--days", type=int, default=825)
     peer.set_defaults(handler=_pki_peer)
 
+    renew = sub.add_parser(
+        "renew",
+        help="issue tunnel certificates again: same identity, role and names, a new key",
+    )
+    renew.add_argument("--dir", required=True, type=Path, help="CA directory (old or new CA)")
+    renew.add_argument("files", nargs="+", type=Path, metavar="CERT", help="the .pem to renew")
+    renew.add_argument("--days", type=int, default=825)
+    renew.add_argument("--out-dir", type=Path, help="where to write (default: beside each file)")
+    renew.set_defaults(handler=_pki_renew)
+
     show = sub.add_parser("show", help="subject, SANs, identity and expiry of certificates")
     show.add_argument("files", nargs="+", type=Path, metavar="FILE")
     show.set_defaults(handler=_pki_show)
@@ -146,6 +163,14 @@ def _pki_peer(args: argparse.Namespace) -> int:
         days=args.days,
     )
     _print_written(paths)
+    return 0
+
+
+def _pki_renew(args: argparse.Namespace) -> int:
+    ca = pki.load_ca(args.dir)
+    for path in args.files:
+        paths = pki.renew_peer_cert(ca, path, days=args.days, out_dir=args.out_dir)
+        _print_written(paths)
     return 0
 
 
@@ -287,6 +312,11 @@ def _add_init(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="a name users connect to (repeat; default app.example.com)",
     )
     edge.add_argument("--nlb-cidr", help="behind an NLB with PROXY v2: the VPC CIDR")
+    edge.add_argument(
+        "--acme",
+        action="store_true",
+        help="take the certificates users see from the origin's ACME client (docs/acme.md)",
+    )
     edge.set_defaults(handler=_init_edge)
 
     origin = sub.add_parser("origin", parents=[common, roles], help="an origin host")
@@ -304,10 +334,41 @@ def _add_init(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     origin.add_argument(
         "--name", action="append", dest="names", help="a host name the pool serves (repeat)"
     )
+    origin.add_argument(
+        "--acme-domain",
+        action="append",
+        dest="acme_domains",
+        metavar="NAME",
+        help="keep a certificate for NAME issued for every edge by ACME (repeat; docs/acme.md)",
+    )
+    origin.add_argument(
+        "--acme-contact", action="append", metavar="EMAIL", help="the ACME account's contact"
+    )
+    origin.add_argument(
+        "--acme-agree-terms", action="store_true", help="you agree to the CA's terms of service"
+    )
+    origin.add_argument(
+        "--acme-production",
+        action="store_true",
+        help="Let's Encrypt's production CA (default: its staging CA)",
+    )
     origin.set_defaults(handler=_init_origin)
 
     node = sub.add_parser("node", parents=[common], help="a Node.js backend host")
     node.set_defaults(handler=_init_node)
+
+    metrics = sub.add_parser(
+        "metrics",
+        parents=[common],
+        help="a host's Prometheus agent: scrape the daemon, remote-write to a workspace",
+    )
+    metrics.add_argument("--role", required=True, choices=["edge", "origin"])
+    metrics.add_argument("--instance", required=True, help="the instance label (<id>-<i-...>)")
+    metrics.add_argument("--region", required=True, help="this host's AWS region")
+    metrics.add_argument("--workspace", required=True, help="Amazon Managed Prometheus ws-...")
+    metrics.add_argument("--workspace-region", required=True, help="the workspace's region")
+    metrics.add_argument("--admin", help="the daemon's admin address (default: the schema's)")
+    metrics.set_defaults(handler=_init_metrics)
 
 
 def _init_edge(args: argparse.Namespace) -> int:
@@ -317,6 +378,7 @@ def _init_edge(args: argparse.Namespace) -> int:
         origins=tuple(args.origins or defaults.origins),
         names=tuple(args.names or defaults.names),
         nlb_cidr=args.nlb_cidr,
+        acme=args.acme,
         etc_dir=args.etc,
         wheel_url=args.wheel_url,
     )
@@ -330,6 +392,10 @@ def _init_origin(args: argparse.Namespace) -> int:
         edges=tuple(args.edges or defaults.edges),
         backends=tuple(args.backends or defaults.backends),
         names=tuple(args.names or ()),
+        acme_domains=tuple(args.acme_domains or ()),
+        acme_contact=tuple(args.acme_contact or ()),
+        acme_agree_terms=args.acme_agree_terms,
+        acme_production=args.acme_production,
         etc_dir=args.etc,
         wheel_url=args.wheel_url,
     )
@@ -340,6 +406,22 @@ def _init_node(args: argparse.Namespace) -> int:
     return _write_init("node", host_init.node_files(), args)
 
 
+def _init_metrics(args: argparse.Namespace) -> int:
+    choices = host_init.MetricsChoices(
+        role=args.role,
+        instance=args.instance,
+        region=args.region,
+        workspace=args.workspace,
+        workspace_region=args.workspace_region,
+        admin=args.admin,
+    )
+    for path in host_init.write_host_files(
+        host_init.metrics_files(choices), args.out, force=args.force
+    ):
+        print(f"wrote {path}")
+    return 0
+
+
 def _write_init(role: str, files: list[host_init.HostFile], args: argparse.Namespace) -> int:
     for path in host_init.write_host_files(files, args.out, force=args.force):
         print(f"wrote {path}")
@@ -347,24 +429,37 @@ def _write_init(role: str, files: list[host_init.HostFile], args: argparse.Names
     for step in host_init.install_steps(role, files, args.out):
         print(f"  {step}")
     if role != "node":
-        print(f"EC2 user data instead: gzip -9 -c {args.out}/cloud-init.yaml (deploy/README.md)")
+        print(f"EC2 user data instead: gzip -9 -c {args.out}/cloud-init.yaml (docs/deployment.md)")
     return 0
 
 
 def _add_config(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    config = commands.add_parser("config", help="print the full default config of a daemon")
-    config.add_argument(
+    config = commands.add_parser(
+        "config", help="print a daemon's full default config, or the configuration reference"
+    )
+    what = config.add_mutually_exclusive_group(required=True)
+    what.add_argument(
         "--defaults",
-        required=True,
         choices=sorted(host_init.SCHEMAS),
         metavar="ROLE",
-        help="edge or origin: every key with its default, commented",
+        help="edge or origin: every key and table with its default, commented",
     )
-    config.set_defaults(handler=_config_defaults)
+    what.add_argument(
+        "--reference",
+        action="store_true",
+        help="every key of both daemons as Markdown (docs/configuration.md)",
+    )
+    config.set_defaults(handler=_config)
 
 
-def _config_defaults(args: argparse.Namespace) -> int:
-    sys.stdout.write(host_init.defaults_toml(args.defaults))
+def _config(args: argparse.Namespace) -> int:
+    if args.reference:
+        from geoedge.config_reference import reference_markdown
+
+        schemas = [(role, host_init.load_schema(role)) for role in ("edge", "origin")]
+        sys.stdout.write(reference_markdown(schemas))
+    else:
+        sys.stdout.write(host_init.defaults_toml(args.defaults))
     return 0
 
 

@@ -11,6 +11,13 @@ nowhere else. This module is the one loader for all of them:
 - Every wrong key is an error naming the file, the table and the key, with a
   "did you mean" for misspellings; problems are collected, so one run reports
   all of them (hypercorn, our counter-example, silently ignores unknown keys).
+- Renamed keys keep working: a root schema's ``RENAMED_KEYS`` class attribute
+  maps an old dotted path to its new one (``"http.access_log":
+  "edge.access_log"``, ``[]`` for each entry of an array of tables:
+  ``"listeners[].old": "listeners[].new"``); the loader moves the value and
+  logs a deprecation warning naming the file, the old key and the new one.
+  Giving both is an error. Any table, a new one included, can declare its
+  renames there.
 - Relative :class:`~pathlib.Path` values are resolved against the directory of
   the config file, so a config can name its certificates next to itself.
 - :func:`geoedge.config_render.config_to_toml` renders a config, or a
@@ -31,6 +38,7 @@ Units live in field names only (``stall_timeout_s = 60.0``); strings such as
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import difflib
 import enum
@@ -38,6 +46,7 @@ import functools
 import inspect
 import ipaddress
 import itertools
+import logging
 import math
 import os
 import re
@@ -56,10 +65,13 @@ __all__ = [
     "describe_type",
     "field_docs",
     "load_config",
+    "renamed_keys",
     "schema_fields",
     "toml_key",
     "toml_value",
 ]
+
+log = logging.getLogger("geoedge.config")
 
 T = TypeVar("T")
 KeyPath = tuple[str | int, ...]
@@ -380,6 +392,71 @@ class _Loader:
             return self.fail(where, str(exc), is_table=True)
 
 
+def renamed_keys(schema: type) -> Mapping[str, str]:
+    """Old dotted key path -> new one, as the root ``schema`` declares them."""
+    renames: Mapping[str, str] = getattr(schema, "RENAMED_KEYS", {})
+    return renames
+
+
+def _split_path(path: str) -> list[str]:
+    return path.split(".")
+
+
+def _tables_at(data: Any, parts: list[str], where: KeyPath) -> list[tuple[Any, KeyPath]]:
+    """The (mutable) tables that ``parts`` (``a``, ``b[]``...) lead to in ``data``."""
+    found = [(data, where)]
+    for part in parts:
+        step = []
+        for table, at in found:
+            if not isinstance(table, dict):
+                continue
+            name = part.removesuffix("[]")
+            value = table.get(name)
+            if part.endswith("[]") and isinstance(value, list):
+                step += [(v, (*at, name, i)) for i, v in enumerate(value) if isinstance(v, dict)]
+            elif not part.endswith("[]") and isinstance(value, dict):
+                step.append((value, (*at, name)))
+        found = step
+    return found
+
+
+def _apply_renames(
+    data: Mapping[str, Any], renames: Mapping[str, str], problems: list[ConfigProblem]
+) -> tuple[dict[str, Any], list[ConfigProblem]]:
+    """``data`` with each old key moved to its new place; the deprecations."""
+    out: dict[str, Any] = copy.deepcopy(dict(data))
+    deprecated = []
+    for old, new in renames.items():
+        *old_tables, old_key = _split_path(old)
+        *new_tables, new_key = _split_path(new)
+        for table, at in _tables_at(out, old_tables, ()):
+            if old_key not in table:
+                continue
+            value = table.pop(old_key)
+            if old_tables == new_tables:
+                target: dict[str, Any] | None = table
+            else:
+                target = out
+                for part in new_tables:  # a move between tables: create the new one
+                    nxt = target.setdefault(part, {})
+                    target = nxt if isinstance(nxt, dict) else None
+                    if target is None:
+                        break
+            if target is None or new_key in target:
+                problems.append(
+                    ConfigProblem(
+                        (*at, old_key),
+                        f"renamed to {new}: give only the new key (both are set)",
+                    )
+                )
+                continue
+            target[new_key] = value
+            deprecated.append(
+                ConfigProblem((*at, old_key), f"deprecated: renamed to {new} (move it there)")
+            )
+    return out, deprecated
+
+
 def config_from_mapping(
     data: Mapping[str, Any],
     schema: type[T],
@@ -391,9 +468,16 @@ def config_from_mapping(
 
     ``base_dir`` is where relative paths are resolved; without it they stay
     relative. ``source`` names the origin of ``data`` in error messages.
+    A renamed key (``schema.RENAMED_KEYS``) is moved to its new name and
+    logged once as deprecated, naming the file and both keys.
     """
     _check_schema(schema)
     loader = _Loader(Path(base_dir) if base_dir is not None else None)
+    renames = renamed_keys(schema)
+    if renames:
+        data, deprecated = _apply_renames(data, renames, loader.problems)
+        for problem in deprecated:
+            log.warning("%s: %s", source, problem)
     result: T = loader.load_table(data, schema, ())
     if loader.problems:
         raise ConfigError(source, loader.problems)

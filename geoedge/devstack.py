@@ -151,8 +151,8 @@ def edge_toml(
     tunnel per ``(name, port)`` of ``origins`` authenticated with ``keys.edge``
     and ``keys.ca``.
 
-    ``access_log`` (``""`` turns it off), ``limits`` and ``tunnel`` are the
-    [http], [limits] and [tunnel] tables, left out when None; ``origin_tunnel``:
+    ``access_log`` (``""`` turns it off; [edge]), ``limits`` and ``tunnel``
+    (the [limits] and [tunnel] tables) are left out when None; ``origin_tunnel``:
     more keys of each [origins.tunnel]. The ``*_keys`` strings are TOML lines
     added to the table they name ([edge], [[listeners]], [tls], the first
     [[tls.certificates]], which may be followed by more entries); ``top`` goes
@@ -172,7 +172,7 @@ ca = "{keys.ca}"
 {_keys(origin_tunnel or {})}"""
         for name, port in origins
     )
-    http_table = "" if access_log is None else f'\n[http]\naccess_log = "{access_log}"\n'
+    access = "" if access_log is None else f'access_log = "{access_log}"\n'
     limits_table = "" if limits is None else f"\n[limits]\n{_keys(limits)}"
     tunnel_table = "" if tunnel is None else f"\n[tunnel]\n{_keys(tunnel)}"
     return f"""{comment and f"# {comment}"}
@@ -181,7 +181,7 @@ ca = "{keys.ca}"
 id = "{edge_id}"
 workers = {workers}
 drain_timeout_s = {drain_timeout_s}
-{edge_keys}
+{access}{edge_keys}
 [[listeners]]
 address = "{LOCALHOST}:{https_port}"
 {listener_keys}
@@ -190,7 +190,7 @@ address = "{LOCALHOST}:{https_port}"
 [[tls.certificates]]
 cert = "{certificate.cert}"
 key = "{certificate.key}"
-{certificate_keys}{http_table}{limits_table}
+{certificate_keys}{limits_table}
 [admin]
 address = "{LOCALHOST}:{admin_port}"
 {tunnel_table}{extra}{origin_tables}"""

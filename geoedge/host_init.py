@@ -14,7 +14,7 @@ the shared runtime sits below the daemons (``edge`` and ``origin`` import it),
 and a tool here that renders their configs must not make that a circle.
 
 Paths: every file a config names lives under ``etc_dir`` (``/etc/geoedge``),
-with the names ``geoedge pki`` writes (deploy/README.md, section 3). Another
+with the names ``geoedge pki`` writes (docs/deployment.md, section 3). Another
 ``etc_dir`` is carried into the unit's ``--config`` and the cloud-init too, so
 the files stay consistent with each other.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from geoedge import assets
-from geoedge.config import ConfigError, config_from_mapping
+from geoedge.config import ConfigError, config_from_mapping, schema_fields
 from geoedge.config_render import config_to_toml
 from geoedge.pki import write_file_atomically
 from geoedge.version import package_version
@@ -42,11 +42,13 @@ __all__ = [
     "EdgeChoices",
     "HostFile",
     "InitError",
+    "MetricsChoices",
     "OriginChoices",
     "defaults_toml",
     "edge_files",
     "install_steps",
     "load_schema",
+    "metrics_files",
     "node_files",
     "origin_files",
     "write_host_files",
@@ -64,6 +66,18 @@ EXAMPLE_WHEEL_URL = "https://downloads.example.com/geoedge/geoedge-0.1.0-py3-non
 #: The example edge id in the shipped edge cloud-init, replaced by the edge's id.
 EXAMPLE_EDGE_ID = "tokyo-1"
 EXAMPLE_ORIGIN_ID = "dublin-1"
+
+
+#: The tunnel tuning deploy/config/edge.example.toml explains, for links
+#: between regions (~100-300 ms): the first round trip after a tunnel comes up
+#: (before the RTT is measured) opens windows wide enough for a 768 KB response
+#: instead of three round trips. The schema's defaults are the wire's
+#: (tunnel/PROTOCOL.md), which suit any link; a host that `geoedge init` writes
+#: is one of a fleet, so it gets these.
+LONG_LINK_TUNNEL: dict[str, Any] = {
+    "initial_stream_window_bytes": 1024 * 1024,
+    "initial_connection_window_bytes": 32 * 1024 * 1024,
+}
 
 
 class InitError(ValueError):
@@ -96,6 +110,9 @@ class EdgeChoices:
     """The names users connect to (SNI of the server certificate)."""
     nlb_cidr: str | None = None
     """Behind an NLB sending PROXY v2: the VPC CIDR its nodes come from."""
+    acme: bool = False
+    """The certificates users see come from the origin's ACME client ([acme]
+    enabled, no certificate files); else from files in ``etc_dir``/tls."""
     etc_dir: Path = DEFAULT_ETC
     wheel_url: str | None = None
 
@@ -110,6 +127,13 @@ class OriginChoices:
     names: tuple[str, ...] = ()
     """Host names the pool serves; empty: it is the default pool for every name."""
     tunnel_address: str = "0.0.0.0:7443"
+    acme_domains: tuple[str, ...] = ()
+    """ACME ([acme], docs/acme.md): the names of one certificate the origin keeps
+    issued for every edge; empty: no [acme]. A wildcard adds DNS-01 by Route 53."""
+    acme_contact: tuple[str, ...] = ()
+    acme_agree_terms: bool = False
+    acme_production: bool = False
+    """Let's Encrypt's production CA; else its staging CA (start there)."""
     etc_dir: Path = DEFAULT_ETC
     wheel_url: str | None = None
 
@@ -128,12 +152,37 @@ def load_schema(role: str) -> type:
 
 
 def defaults_toml(role: str) -> str:
-    """``geoedge config --defaults ROLE``: every key, its default and its docstring."""
+    """``geoedge config --defaults ROLE``: every key, its default and its
+    docstring; every table, the ones with no default entry (``[[origins]]``,
+    ``[[pools]]``, ``[redirect]``...) as a commented-out example taken from
+    what ``geoedge init`` writes."""
     header = (
         f"# Every key of {role}.toml with its default (geoedge {package_version()}).\n"
-        "# Keys shown as comments have no default: they are required, or unset.\n\n"
+        "# Keys shown as comments have no default: they are required, or unset.\n"
+        "# Tables shown as comments are examples: optional tables, and one entry\n"
+        "# of each array of tables ([[...]]); uncomment and edit them.\n\n"
     )
-    return header + config_to_toml(load_schema(role))
+    example = (
+        edge_config_mapping(EdgeChoices(nlb_cidr="10.20.0.0/16"))
+        if role == "edge"
+        else origin_config_mapping(OriginChoices(names=("app.example.com",)))
+    )
+    example = _with_examples(role, example)
+    return header + config_to_toml(load_schema(role), example=example)
+
+
+def _with_examples(role: str, mapping: dict[str, Any]) -> dict[str, Any]:
+    """Values for the example entries that ``geoedge init`` does not write."""
+    if role == "origin":
+        [pool] = mapping["pools"]
+        pool["dns"] = {"name": "app.service.consul", "type": "A", "port": 3000}
+        mapping["acme"] = {
+            "contact": ["mailto:ops@example.com"],
+            "agree_to_terms": True,
+            "certificates": [{"id": "app", "domains": ["app.example.com", "*.app.example.com"]}],
+            "dns": {"provider": "route53"},
+        }
+    return mapping
 
 
 def _render(role: Role, mapping: dict[str, Any], header: str) -> str:
@@ -191,21 +240,27 @@ def edge_config_mapping(choices: EdgeChoices) -> dict[str, Any]:
     if choices.nlb_cidr is not None:
         listener |= {"proxy_protocol": True, "trusted_proxies": [choices.nlb_cidr]}
     return {
-        "edge": {"id": choices.edge_id},
+        "edge": {"id": choices.edge_id, "access_log": "/var/log/geoedge/access.log"},
         "listeners": [listener],
         "redirect": {"address": "0.0.0.0:80"},
-        "tls": {
-            "certificates": [
-                {
-                    "cert": str(etc / "tls" / "app-ecdsa.pem"),
-                    "key": str(etc / "tls" / "app-ecdsa-key.pem"),
-                    "names": list(choices.names),
-                }
-            ]
-        },
-        "http": {"access_log": "/var/log/geoedge/access.log"},
+        **_server_certificates(choices),
         "origins": origins,
+        "tunnel": dict(LONG_LINK_TUNNEL),
     }
+
+
+def _server_certificates(choices: EdgeChoices) -> dict[str, Any]:
+    """Files (the default), or ACME's: files take precedence for their names, so
+    an ACME edge is one with none."""
+    if choices.acme:
+        return {"tls": {}, "acme": {"enabled": True}}
+    etc = choices.etc_dir
+    certificate = {
+        "cert": str(etc / "tls" / "app-ecdsa.pem"),
+        "key": str(etc / "tls" / "app-ecdsa-key.pem"),
+        "names": list(choices.names),
+    }
+    return {"tls": {"certificates": [certificate]}}
 
 
 def edge_files(choices: EdgeChoices) -> list[HostFile]:
@@ -218,7 +273,10 @@ def edge_files(choices: EdgeChoices) -> list[HostFile]:
         [
             f"{etc}/pki/ca.pem, edge-{edge_id}.pem, edge-{edge_id}-key.pem: its tunnel "
             f"certificate (geoedge pki peer --role edge --id {edge_id})",
-            f"{etc}/tls/app-ecdsa.pem, app-ecdsa-key.pem: the server certificate users "
+            "the server certificates users see: from the origin's ACME client ([acme] "
+            "on the origin, docs/acme.md), kept in /var/lib/geoedge/edge-acme"
+            if choices.acme
+            else f"{etc}/tls/app-ecdsa.pem, app-ecdsa-key.pem: the server certificate users "
             f"see, for {', '.join(choices.names)} (a public CA, or geoedge pki server)",
         ],
     )
@@ -249,7 +307,6 @@ def origin_config_mapping(choices: OriginChoices) -> dict[str, Any]:
         "backends": [{"address": address} for address in choices.backends],
     }
     return {
-        "origin": {"id": choices.origin_id},
         "tunnel_listener": {
             "address": choices.tunnel_address,
             "transport": "tls",
@@ -258,8 +315,31 @@ def origin_config_mapping(choices: OriginChoices) -> dict[str, Any]:
             "ca": str(pki / "ca.pem"),
             "allowed_identities": list(choices.edges),
         },
+        "origin": {"id": choices.origin_id, "access_log": "/var/log/geoedge/origin-access.log"},
+        "tunnel": dict(LONG_LINK_TUNNEL),
         "pools": [pool],
+        **_acme(choices),
     }
+
+
+def _acme(choices: OriginChoices) -> dict[str, Any]:
+    """``[acme]`` for ``--acme-domain``: one certificate ("app") for those names."""
+    if not choices.acme_domains:
+        return {}
+    if not choices.acme_agree_terms:
+        raise InitError(
+            "--acme-domain needs --acme-agree-terms: you agree to the CA's terms of service"
+            " (Let's Encrypt's: https://letsencrypt.org/repository/)"
+        )
+    acme: dict[str, Any] = {
+        "staging": not choices.acme_production,
+        "contact": [c if c.startswith("mailto:") else f"mailto:{c}" for c in choices.acme_contact],
+        "agree_to_terms": True,
+        "certificates": [{"id": "app", "domains": list(choices.acme_domains)}],
+    }
+    if any(name.startswith("*.") for name in choices.acme_domains):
+        acme["dns"] = {"provider": "route53"}
+    return {"acme": acme}
 
 
 def origin_files(choices: OriginChoices) -> list[HostFile]:
@@ -272,6 +352,15 @@ def origin_files(choices: OriginChoices) -> list[HostFile]:
             f"{etc}/pki/ca.pem, origin.pem, origin-key.pem: its tunnel certificate "
             f"(geoedge pki peer --role origin --id {choices.origin_id} --dns <its name> "
             "--out origin)",
+            *(
+                [
+                    "[acme]: edges with [acme] enabled (geoedge init edge --acme) on ports 80 "
+                    "and 443 of the names; for a wildcard, Route 53 rights for this host's "
+                    "role (docs/acme.md)"
+                ]
+                if choices.acme_domains
+                else []
+            ),
         ],
     )
     config = _render("origin", origin_config_mapping(choices), header)
@@ -285,6 +374,60 @@ def origin_files(choices: OriginChoices) -> list[HostFile]:
         _sysctl_file(),
         HostFile("cloud-init.yaml", user_data, 0o600, None),
     ]
+
+
+# ---------------------------------------------------------------------------- metrics
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsChoices:
+    """Where one host's Prometheus agent sends what it scrapes."""
+
+    role: Role
+    instance: str
+    """The ``instance`` label of every series: ``<edge or origin id>-<EC2 instance id>``."""
+    region: str
+    workspace: str
+    """The Amazon Managed Service for Prometheus workspace id (``ws-...``)."""
+    workspace_region: str
+    admin: str | None = None
+    """The daemon's admin address; default: the schema's."""
+
+
+def metrics_files(choices: MetricsChoices) -> list[HostFile]:
+    """``prometheus-agent.yml`` for this host and the ``/etc/default/prometheus``
+    that runs Debian's prometheus package as that agent."""
+    admin = choices.admin or _admin_default(choices.role)
+    url = (
+        f"https://aps-workspaces.{choices.workspace_region}.amazonaws.com/workspaces/"
+        f"{choices.workspace}/api/v1/remote_write"
+    )
+    text = assets.deploy_file("monitoring/prometheus-agent.yml").read_text()
+    _, _, body = text.partition("\nglobal:")
+    body = "global:" + body
+    for placeholder, value in (
+        ("GEOEDGE_ADMIN", admin),
+        ("GEOEDGE_INSTANCE", choices.instance),
+        ("GEOEDGE_REMOTE_WRITE", url),
+        ("GEOEDGE_WORKSPACE_REGION", choices.workspace_region),
+        ("GEOEDGE_REGION", choices.region),
+    ):
+        body = body.replace(placeholder, value)
+    config = f"# Written by `geoedge init metrics` (geoedge {package_version()}).\n" + body
+    arguments = (
+        "# Written by `geoedge init metrics`: Debian's prometheus as a scraping agent.\n"
+        'ARGS="--enable-feature=agent --config.file=/etc/prometheus/geoedge-agent.yml '
+        '--storage.agent.path=/var/lib/prometheus/agent"\n'
+    )
+    return [
+        HostFile("prometheus-agent.yml", config, 0o644, "/etc/prometheus/geoedge-agent.yml"),
+        HostFile("prometheus.default", arguments, 0o644, "/etc/default/prometheus"),
+    ]
+
+
+def _admin_default(role: Role) -> str:
+    admin = schema_fields(load_schema(role))["admin"].default
+    return str(admin.address)
 
 
 # ------------------------------------------------------------------------------- node
@@ -316,7 +459,7 @@ def _header(title: str, role: Role, etc: Path, needs: Sequence[str]) -> str:
         f"the defaults (`geoedge config --defaults {role}` prints them all).",
         f"Install as {etc}/{role}.toml (root:geoedge, mode 0640), then check it:",
         f"  geoedge-{role} --config {etc}/{role}.toml --check",
-        "It reads these files (deploy/README.md, sections 1-3):",
+        "It reads these files (docs/deployment.md, sections 1-3):",
         *(f"  {need}" for need in needs),
     ]
     return "".join(f"# {line}\n" for line in lines) + "\n"

@@ -66,6 +66,7 @@ __all__ = [
     "load_ca",
     "parse_peer_name",
     "peer_identity",
+    "renew_peer_cert",
     "write_file_atomically",
 ]
 
@@ -235,6 +236,43 @@ def issue_peer_cert(
         sans=sans,
         usages=[ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH],
         key_type="ecdsa",
+        days=days,
+    )
+
+
+def renew_peer_cert(
+    ca: CertificateAuthority | str | os.PathLike[str],
+    cert_path: str | os.PathLike[str],
+    *,
+    days: int = 825,
+    out_dir: str | os.PathLike[str] | None = None,
+) -> CertPaths:
+    """Issue ``cert_path``'s tunnel certificate again: the same identity, role
+    and DNS/IP names, a new key, ``days`` from now, signed by ``ca`` (the same
+    CA, or the new one during a CA rotation). Written over the same files
+    (``<name>.pem`` and ``<name>-key.pem``) unless ``out_dir`` is given; each
+    file is replaced atomically."""
+    path = Path(cert_path)
+    cert = load_certificate(path)
+    peer = parse_peer_name(cert)
+    if peer is None or peer.role not in PEER_ROLES:
+        raise PkiError(
+            "not-a-peer", f"{path}: not a tunnel certificate (no geoedge://<role>/<id> URI SAN)"
+        )
+    san = extension_value(cert, x509.SubjectAlternativeName)
+    names: list[str] = []
+    if san is not None:
+        names += san.get_values_for_type(x509.DNSName)
+        names += [str(a) for a in san.get_values_for_type(x509.IPAddress)]
+    if not path.name.endswith(".pem"):
+        raise PkiError("bad-basename", f"{path}: expected a .pem file")
+    return issue_peer_cert(
+        ca,
+        Path(out_dir) if out_dir is not None else path.parent,
+        path.name.removesuffix(".pem"),
+        peer.identity,
+        role=peer.role,  # type: ignore[arg-type]
+        dns_names=names,
         days=days,
     )
 

@@ -76,7 +76,7 @@ def cell(
     elif unit == "/s":
         text = f"{value:.1f}/s" if value < 100 else f"{value:.0f}/s"
     elif unit == "%":
-        text = f"{value * 100:.1f} %"
+        text = f"{value * 100:.2f} %" if 0 < value < 0.01 else f"{value * 100:.1f} %"
     elif unit == "B":
         text = _bytes(value)
     else:

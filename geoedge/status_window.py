@@ -24,7 +24,28 @@ from typing import Any
 
 from geoedge.status_page import Cell, Row, Table, cell
 
-__all__ = ["MetricsWindow", "Snapshot", "bucket_quantile", "workers_table"]
+__all__ = [
+    "RETRANSMIT_BAD",
+    "RETRANSMIT_WARN",
+    "MetricsWindow",
+    "Snapshot",
+    "bucket_quantile",
+    "retransmit_ratio",
+    "workers_table",
+]
+
+#: Tunnel octets retransmitted over octets sent, on both daemons' pages: a
+#: warning from a path losing about 0.1% of its packets, bad from 1%.
+RETRANSMIT_WARN = 0.001
+RETRANSMIT_BAD = 0.01
+
+
+def retransmit_ratio(sent: float | None, retransmitted: float | None) -> float | None:
+    """Retransmitted over sent (rates or totals); None when nothing was sent."""
+    if not sent:
+        return None
+    return (retransmitted or 0.0) / sent
+
 
 #: (sample name, sorted label items) -> value
 Values = dict[tuple[str, tuple[tuple[str, str], ...]], float]

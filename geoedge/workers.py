@@ -25,7 +25,10 @@ loop of its own for the admin listener and the daemon's control plane, and a
 - keeps a *control pipe* to each worker: :meth:`Supervisor.broadcast` sends a
   JSON object per line (the origin sends pool snapshots and drains this way),
   and :func:`listen_control` reads them in the worker. EOF on that pipe tells
-  a worker its parent is gone.
+  a worker its parent is gone. A *reply pipe* runs the other way:
+  :meth:`Supervisor.request` sends a request to every worker and gathers
+  their answers (:mod:`geoedge.worker_requests`; the origin's admin asks its
+  workers to send a tunnel CONTROL message this way).
 
 A worker is a function ``worker_main(WorkerContext) -> exit status`` run in the
 child right after the fork. It must start its own event loop (the parent's is
@@ -76,6 +79,13 @@ from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from geoedge.worker_requests import (
+    PendingRequests,
+    ReplyReader,
+    RequestHandler,
+    RequestServer,
+    WorkerAnswer,
+)
 from tunnel.policy import Backoff
 
 __all__ = [
@@ -84,6 +94,7 @@ __all__ = [
     "WorkerContext",
     "listen_control",
     "resolve_worker_count",
+    "worker_share",
 ]
 
 log = logging.getLogger("geoedge.workers")
@@ -95,6 +106,12 @@ _PARENT_SIGNALS = (
 #: Bytes of control messages kept for a worker that does not read them; past
 #: this the worker is considered stuck and killed (it will be restarted).
 MAX_CONTROL_BACKLOG = 16 * 1024 * 1024
+
+
+def worker_share(per_host: int, workers: int) -> int:
+    """A worker's share of a cap the config states per host: rounded up, so
+    every worker gets at least 1 of a positive cap (0, "no cap", stays 0)."""
+    return -(-per_host // workers) if per_host > 0 else per_host
 
 
 def resolve_worker_count(workers: int) -> int:
@@ -116,6 +133,8 @@ class WorkerContext:
     control_fd: int
     """Read end of the control pipe (JSON lines); see :func:`listen_control`."""
     parent_pid: int
+    reply_fd: int = -1
+    """Write end of the reply pipe (:mod:`geoedge.worker_requests`); -1: none."""
 
 
 WorkerMain = Callable[[WorkerContext], int]
@@ -138,6 +157,7 @@ class _Slot:
     pid: int = 0
     pidfd: int = -1
     control: _ControlWriter | None = None
+    replies: ReplyReader | None = None
     started_at: float = 0.0
     attempt: int = 0
     restart: asyncio.TimerHandle | None = None
@@ -180,6 +200,7 @@ class Supervisor:
         self._kill_timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inherited_fds: dict[int, FdIdentity] | None = None
+        self._requests = PendingRequests()
 
     # -- parent API -----------------------------------------------------------------
 
@@ -236,6 +257,22 @@ class Supervisor:
                 )
                 self._signal(slot, signal.SIGKILL)
 
+    async def request(self, message: Mapping[str, Any], timeout_s: float) -> list[WorkerAnswer]:
+        """Send ``message`` as a request to every running worker and wait up to
+        ``timeout_s`` for their answers: one per worker asked, in slot order
+        (:mod:`geoedge.worker_requests`). Raises ``TooManyRequests`` when too
+        many wait already."""
+        asked = {slot.index: slot.pid for slot in self._slots if slot.control is not None}
+        request_id = self._requests.open(asked)
+        line = (json.dumps({**message, "request_id": request_id}) + "\n").encode()
+        for slot in self._slots:
+            if slot.control is not None and not slot.control.send(line):
+                log.error(
+                    "worker %d (pid %d) is not reading its control pipe", slot.index, slot.pid
+                )
+                self._signal(slot, signal.SIGKILL)
+        return await self._requests.wait(request_id, timeout_s)
+
     @property
     def running(self) -> int:
         return sum(1 for slot in self._slots if slot.pid)
@@ -265,10 +302,16 @@ class Supervisor:
         try:
             read_fd, write_fd = os.pipe()
             try:
-                pid = os.fork()
+                reply_read_fd, reply_write_fd = os.pipe()
             except OSError:
                 os.close(read_fd)
                 os.close(write_fd)
+                raise
+            try:
+                pid = os.fork()
+            except OSError:
+                for fd in (read_fd, write_fd, reply_read_fd, reply_write_fd):
+                    os.close(fd)
                 raise
         except OSError as exc:  # EAGAIN, ENOMEM, EMFILE: try again later
             slot.attempt += 1
@@ -278,29 +321,36 @@ class Supervisor:
             return
         if pid == 0:  # the child: never returns
             os.close(write_fd)
-            self._run_child(slot.index, read_fd)
+            os.close(reply_read_fd)
+            self._run_child(slot.index, read_fd, reply_write_fd)
         os.close(read_fd)
+        os.close(reply_write_fd)
         slot.pid = pid
         slot.started_at = time.monotonic()
         slot.control = _ControlWriter(self._loop, write_fd)
+        slot.replies = ReplyReader(
+            self._loop, reply_read_fd, lambda reply: self._requests.answer(slot.index, pid, reply)
+        )
         slot.pidfd = os.pidfd_open(pid)
         self._loop.add_reader(slot.pidfd, self._reap, slot)
         log.info("worker %d started (pid %d)", slot.index, pid)
 
-    def _run_child(self, index: int, control_fd: int) -> None:
+    def _run_child(self, index: int, control_fd: int, reply_fd: int) -> None:
         code = 1
         try:
-            own = {control_fd}
+            own = {control_fd, reply_fd}
             inherited = [fd for fd in self._parent_fds() if fd not in own]
             for slot in self._slots:
                 if slot.control is not None:
                     inherited.append(slot.control.fd)
+                if slot.replies is not None:
+                    inherited.append(slot.replies.fd)
                 if slot.pidfd >= 0:
                     inherited.append(slot.pidfd)
             _reset_after_fork(inherited)
             if self._inherited_fds is not None and (now := _open_fds()) is not None:
                 _release_fds(_fds_opened_since(self._inherited_fds, now, keep=own))
-            code = self._worker_main(WorkerContext(index, control_fd, os.getppid()))
+            code = self._worker_main(WorkerContext(index, control_fd, os.getppid(), reply_fd))
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
         except BaseException:
@@ -327,8 +377,12 @@ class Supervisor:
         if slot.control is not None:
             slot.control.close()
             slot.control = None
+        if slot.replies is not None:
+            slot.replies.close()
+            slot.replies = None
         code = os.waitstatus_to_exitcode(status)
         dead_pid, slot.pid = slot.pid, 0
+        self._requests.worker_gone(slot.index, dead_pid)
         lived_s = time.monotonic() - slot.started_at
         if self._on_worker_exit is not None:
             self._on_worker_exit(dead_pid, code)
@@ -498,6 +552,7 @@ class _ControlWriter:
 class _ControlReader(asyncio.Protocol):
     on_message: Callable[[dict[str, Any]], None]
     on_parent_gone: Callable[[], None]
+    requests: RequestServer | None = None
     buffer: bytearray = field(default_factory=bytearray)
 
     def data_received(self, data: bytes) -> None:
@@ -509,6 +564,9 @@ class _ControlReader(asyncio.Protocol):
                 message = json.loads(line)
             except ValueError:
                 log.error("bad control message from the parent: %r", line[:200])
+                continue
+            if self.requests is not None and "request_id" in message:
+                self.requests.handle(message)
                 continue
             try:
                 self.on_message(message)
@@ -527,12 +585,18 @@ async def listen_control(
     context: WorkerContext,
     on_message: Callable[[dict[str, Any]], None],
     on_parent_gone: Callable[[], None],
+    on_request: RequestHandler | None = None,
 ) -> asyncio.BaseTransport:
     """In a worker: call ``on_message(dict)`` for each message the parent broadcasts,
-    and ``on_parent_gone()`` at EOF (the parent died). Returns the pipe's transport."""
+    and ``on_parent_gone()`` at EOF (the parent died). With ``on_request``, a
+    request of :meth:`Supervisor.request` is answered on the reply pipe with
+    what ``await on_request(dict)`` returns. Returns the pipe's transport."""
     loop = asyncio.get_running_loop()
+    requests = None
+    if on_request is not None and context.reply_fd >= 0:
+        requests = RequestServer(on_request, _ControlWriter(loop, context.reply_fd).send)
     pipe = os.fdopen(context.control_fd, "rb", buffering=0)
     transport, _ = await loop.connect_read_pipe(
-        lambda: _ControlReader(on_message, on_parent_gone), pipe
+        lambda: _ControlReader(on_message, on_parent_gone, requests), pipe
     )
     return transport

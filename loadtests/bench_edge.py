@@ -53,7 +53,7 @@ from typing import Any
 
 import uvloop
 
-from loadtests import edge_clients, edge_stack
+from loadtests import bench_cache, edge_clients, edge_stack
 from loadtests.edge_report import CHAINS, TARGETS, summarize, table, warnings
 from loadtests.edge_stack import CLIENT_CPU, Stack, busy_share, cpu_busy, tree_cpu_seconds
 from loadtests.handshake_client import go_client, run_handshakes
@@ -390,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench-edge: {exc}", file=sys.stderr)
         return 1
     figures = summarize(details)
+    details["cache"] = bench_cache.run(args.quick)  # its own servers: loadtests/bench_cache.py
     notes = log + warnings(details, settings.websockets)
     result = {
         **figures,
@@ -412,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     args.output.write_text(json.dumps(result, indent=2) + "\n")
     print()
     print(table(figures, details))
+    print(bench_cache.report(details["cache"]))
     env = result["environment"]
     print(f"load average before {env['load_average_before']}, after {env['load_average_after']}")
     for note in notes:

@@ -19,6 +19,7 @@ from typing import Literal
 
 from geoedge.config import load_config
 from geoedge.logs import parse_level
+from origin.acme.config import AcmeConfig
 from origin.hash_key import HashKey
 from tunnel.aio.transport import TunnelListenerConfig, is_host_name, parse_host_port
 from tunnel.mux import SessionConfig
@@ -85,9 +86,11 @@ class OriginSection:
 
 @dataclass(frozen=True, slots=True)
 class AdminConfig:
-    address: str = "127.0.0.1:9901"
-    """host:port of the admin HTTP listener (/healthz, /metrics, backend drain);
-    keep it on loopback or a management network: it has no authentication."""
+    address: str = "127.0.0.1:7445"
+    """host:port of the admin HTTP listener (/livez, /readyz and /healthz,
+    /metrics, /status, backend drain); keep it on loopback or a management
+    network: it has no authentication. 7445 (the edge's 7444) sits beside the
+    tunnel port 7443, clear of node_exporter's 9100 and Envoy's 9901."""
 
     def __post_init__(self) -> None:
         parse_host_port(self.address)
@@ -198,8 +201,10 @@ class PoolConfig:
     connect_retries: int = 2
     """Other backends tried when a connect fails (nothing was sent yet)."""
     max_connections_per_backend: int = 0
-    """Streams (requests) one worker sends to one backend at once; 0: no cap.
-    When every usable backend is at its cap, new streams queue (below)."""
+    """Streams (requests) this origin host sends to one backend at once; 0: no
+    cap. Divided among the workers (each enforces its share, rounded up), so
+    the limit does not grow with the instance size. When every usable backend
+    is at its cap, new streams queue (below)."""
     queue_timeout_s: float = 5.0
     """How long a stream may wait for a backend slot (HAProxy's timeout queue);
     past it the stream is reset with NO_BACKEND (the edge answers 503).
@@ -276,6 +281,8 @@ class OriginConfig:
     tunnel: SessionConfig = field(default_factory=SessionConfig)
     """Tunnel tuning (windows, ping, limits)."""
     admin: AdminConfig = field(default_factory=AdminConfig)
+    acme: AcmeConfig | None = None
+    """Certificates for the edges from an ACME CA (docs/acme.md); none: off."""
 
     def __post_init__(self) -> None:
         if not self.pools:

@@ -10,7 +10,10 @@ Start-up, in this order (the order is the point):
 
 Parent <-> workers: the parent publishes pool snapshots (membership, health,
 drains, pool settings) on each worker's control pipe
-(:meth:`~geoedge.workers.Supervisor.broadcast`, JSON lines). Drains go
+(:meth:`~geoedge.workers.Supervisor.broadcast`, JSON lines), and asks the
+workers to send CONTROL messages to the edges and gathers their outcomes
+(:meth:`OriginDaemon.broadcast_control`, :mod:`origin.edge_control`; the
+admin's ``POST /tunnel/echo``). Drains go
 this way too: ``POST /backends/<pool>/<host:port>/drain`` on the admin changes
 the control state, which publishes a new snapshot; a worker forked later gets
 the drain in its starting snapshot.
@@ -22,9 +25,12 @@ config file's pools; an invalid file is logged and the old pools stay.
 Settings that need a restart (listener, tunnel tuning, admin address, worker
 count) are reported as such and left as they were.
 
-``/healthz`` is 200 when every worker is running, at least one backend of
+Admin health, two questions (:mod:`geoedge.admin`): ``/readyz`` (and
+``/healthz``) is 200 when every worker is running, at least one backend of
 some pool is healthy and not drained, and no stop has begun: from SIGTERM on
-it answers 503 (``"draining": true``) while the drain runs.
+it answers 503 (``"draining": true``) while the drain runs. ``/livez`` is 200
+while a worker runs and the tunnel listener is open, whatever the backends do:
+a Node.js outage makes the origin not ready, never dead.
 
 ``in_process=True`` runs one worker inside the parent's event loop, with no
 fork and no multiprocess metrics: the same wiring, for tests that need to
@@ -48,6 +54,7 @@ from aiohttp import web
 from prometheus_client.metrics_core import Metric
 
 from geoedge.admin import AdminServer, HealthReport
+from geoedge.cert_expiry import CertificateWatch, tunnel_files
 from geoedge.config import ConfigError
 from geoedge.listening import activated_or_bound
 from geoedge.logs import AccessLog
@@ -62,9 +69,12 @@ from geoedge.preflight import ListenError
 from geoedge.status_window import MetricsWindow
 from geoedge.systemd import ServiceNotifier, listen_sockets
 from geoedge.workers import Supervisor, WorkerContext, listen_control
+from origin import cache_purge
+from origin.acme_service import AcmeService, encode_for_pipe
 from origin.admission import TlsAudit
 from origin.config import OriginConfig, load_origin_config
 from origin.control import ControlPlane
+from origin.edge_control import ControlBroadcast, EdgeControl
 from origin.metrics import ControlMetrics, WorkerMetrics
 from origin.snapshot import PoolSnapshot, encode_snapshots
 from origin.state import UnknownBackend
@@ -106,6 +116,8 @@ class OriginDaemon:
         self.supervisor: Supervisor | None = None
         self.worker: OriginWorker | None = None
         self.admin: AdminServer | None = None
+        self.edge_control: EdgeControl | None = None
+        self.acme: AcmeService | None = None
         # Made anew by each run(): a stop() before it does not stop the next run.
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
@@ -155,19 +167,36 @@ class OriginDaemon:
                 parent_fds=self._parent_fds,
                 on_stopping=lambda: self.notifier.stopping("draining"),
             )
+        self.edge_control = (
+            EdgeControl(local=self.worker.edges.broadcast_control)
+            if self.worker is not None
+            else EdgeControl(ask_workers=self.supervisor.request if self.supervisor else None)
+        )
+        self.acme = (
+            None
+            if config.acme is None
+            else AcmeService(
+                config.acme, self.broadcast_control, self._publish_acme, control_metrics
+            )
+        )
+        certificates = CertificateWatch(tunnel_files(listener.cert, listener.ca))
         status = OriginStatus(
             config.origin.id,
             MetricsWindow(lambda: merged_families(registries)),
             self.control,
             self._worker_counts,
+            certificates,
+            acme=self.acme.table if self.acme is not None else None,
         )
         self.admin = AdminServer(
             config.admin.address,
             health=self.health,
+            liveness=self.liveness,
             registries=registries,
             routes=self._routes(),
             status=status,
             keep_metrics=self._current_backends_only,
+            collectors=[certificates],
         )
         try:
             await self.control.start()
@@ -175,6 +204,8 @@ class OriginDaemon:
                 await self.admin.start()
             except OSError as exc:
                 raise ListenError("[admin] address", config.admin.address, exc) from None
+            if self.acme is not None:
+                await self.acme.start()
             if self.worker is not None:
                 await self.worker.start(
                     sock=self._sock, ssl_context=self._ssl, tls_audit=self._audit
@@ -201,6 +232,8 @@ class OriginDaemon:
                     systemd.cancel()
                     self.notifier.close()
         finally:
+            if self.acme is not None:
+                await self.acme.close()
             await self.admin.close()
             await self.control.close()
             self._sock.close()
@@ -282,11 +315,27 @@ class OriginDaemon:
         log.info("reloaded: %d pool(s)", len(config.pools))
         return True
 
+    async def broadcast_control(self, kind: int, body: bytes, timeout_s: float) -> ControlBroadcast:
+        """Send a CONTROL message (PROTOCOL.md §5.14) to every connected edge,
+        on each of its connections, across the workers, and gather the
+        outcomes (:mod:`origin.edge_control`). Call it while running."""
+        assert self.edge_control is not None, "the daemon is not running"
+        return await self.edge_control.broadcast(kind, body, timeout_s)
+
     def _publish(self, snapshots: tuple[PoolSnapshot, ...]) -> None:
         if self.worker is not None:
             self.worker.apply_snapshots(snapshots)
         if self.supervisor is not None:
             self.supervisor.broadcast({"op": "pools", "pools": encode_snapshots(snapshots)})
+
+    def _publish_acme(self, messages: list[tuple[int, bytes]]) -> None:
+        """The current ACME certificates to the workers (for edges that connect later)."""
+        if self.worker is not None:
+            self.worker.acme.replace(messages)
+        if self.supervisor is not None:
+            self.supervisor.broadcast(
+                {"op": "acme_certificates", "messages": encode_for_pipe(messages)}
+            )
 
     def _on_worker_exit(self, pid: int, code: int) -> None:
         process_exited(pid)
@@ -325,6 +374,20 @@ class OriginDaemon:
         }
         return workers_ok and usable > 0 and not detail["draining"], detail
 
+    def liveness(self) -> HealthReport:
+        """Live while a worker runs (or a stop drains them) and the tunnel
+        listener is open; backends play no part."""
+        if self.supervisor is not None:
+            stats = self.supervisor.statistics()
+            workers_ok = stats.running > 0 or stats.stopping
+            running = stats.running
+        else:
+            workers_ok = self.worker is not None
+            running = 1 if workers_ok else 0
+        listening = self._sock is not None and self._sock.fileno() >= 0
+        detail = {"workers_running": running, "tunnel_listener_open": listening}
+        return workers_ok and listening, detail
+
     def _draining(self) -> bool:
         """A stop has begun (SIGTERM): ``/healthz`` is 503 from then on."""
         if self.supervisor is not None:
@@ -336,6 +399,9 @@ class OriginDaemon:
             web.get("/backends", self._backends),
             web.post("/backends/{pool}/{address}/drain", self._drain),
             web.post("/backends/{pool}/{address}/undrain", self._drain),
+            *(self.edge_control.routes() if self.edge_control is not None else ()),
+            *cache_purge.routes(self.broadcast_control),
+            *(self.acme.routes() if self.acme is not None else ()),
         ]
 
     async def _backends(self, request: web.Request) -> web.Response:
@@ -381,6 +447,7 @@ class OriginDaemon:
             metrics=WorkerMetrics(),
             access_log=access_log,
             process_metrics=True,
+            acme_messages=self.acme.messages if self.acme is not None else None,
         )
         stopping = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -389,7 +456,7 @@ class OriginDaemon:
         if access_log is not None:  # logrotate's postrotate
             loop.add_signal_handler(signal.SIGUSR1, access_log.reopen)
         await worker.start(sock=self._sock, ssl_context=self._ssl, tls_audit=self._audit)
-        pipe = await listen_control(context, worker.on_control, stopping.set)
+        pipe = await listen_control(context, worker.on_control, stopping.set, worker.on_request)
         tune_gc()
         memory = MemoryKeeper("geoedge_origin", ("origin", "tunnel"))
         memory.start()  # SIGUSR2: a memory report

@@ -5,7 +5,8 @@ passed (its ``established`` future); a refused one is only counted, by
 reason (:mod:`origin.admission`). The streams the connections carry are the
 dispatcher's (:mod:`origin.dispatch`); this part sees the connections alone.
 The edge's counterpart is :class:`edge.origins.OriginSet`, its tunnels to the
-origins.
+origins. :meth:`EdgeConnections.broadcast_control` sends a CONTROL message on
+every connection (:mod:`origin.edge_control`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from geoedge.logs import log_event
 from origin.admission import refusal_reason
+from origin.edge_control import ControlOutcome, broadcast_on
 from origin.metrics import WorkerMetrics
 from tunnel.aio.connection import TunnelConnection
 from tunnel.aio.errors import PeerRefused
+from tunnel.aio.tcp_info import RetransmitTally
 
 __all__ = ["EdgeConnections"]
 
@@ -30,7 +34,8 @@ GOING_AWAY = "origin shutting down"
 
 class EdgeConnections:
     """Owns one worker's established tunnel connections and their metrics
-    (``edges_connected``, ``edge_rtt_seconds``, ``edges_refused``).
+    (``edges_connected``, ``edge_rtt_seconds``, ``edge_sent_bytes``,
+    ``edge_retransmitted_bytes``, ``edges_refused``).
 
     Invariants: a connection is a member from its ``established`` to its
     ``closed``, and ``edges_connected`` for an identity counts its members.
@@ -39,12 +44,16 @@ class EdgeConnections:
     streams elsewhere).
     """
 
-    __slots__ = ("_connections", "_going_away", "_metrics")
+    __slots__ = ("_connections", "_going_away", "_metrics", "_retransmits", "on_edge")
 
     def __init__(self, metrics: WorkerMetrics) -> None:
         self._metrics = metrics
         self._connections: set[TunnelConnection] = set()
         self._going_away = False
+        self._retransmits = RetransmitTally()
+        #: Called with each connection once established (the worker sends a
+        #: newly connected edge the current ACME certificates from here).
+        self.on_edge: Callable[[TunnelConnection], None] | None = None
 
     def __len__(self) -> int:
         return len(self._connections)
@@ -70,6 +79,8 @@ class EdgeConnections:
         )
         if self._going_away:
             connection.go_away(GOING_AWAY)
+        elif self.on_edge is not None:
+            self.on_edge(connection)
 
         def gone(_: object) -> None:
             self._connections.discard(connection)
@@ -82,7 +93,8 @@ class EdgeConnections:
         self._metrics.edges_refused.labels(reason).inc()
 
     def publish_rtts(self) -> None:
-        """Set each edge's RTT gauge: the largest smoothed RTT of its connections."""
+        """Set each edge's RTT gauge (the largest smoothed RTT of its connections)
+        and count the octets its tunnel sockets sent and retransmitted."""
         rtts: dict[str, float] = {}
         for connection in self._connections:
             srtt = connection.srtt_s
@@ -91,6 +103,22 @@ class EdgeConnections:
                 rtts[identity] = max(rtts.get(identity, 0.0), srtt)
         for identity, srtt in rtts.items():
             self._metrics.edge_rtt.labels(identity).set(srtt)
+        sockets = [(c.info.peer_identity, c, c.tcp_info()) for c in self._connections]
+        for identity, sent in self._retransmits.take(sockets).items():
+            self._metrics.edge_sent_bytes.labels(identity).inc(sent.bytes)
+            self._metrics.edge_retransmitted_bytes.labels(identity).inc(sent.retransmitted)
+
+    async def broadcast_control(
+        self, kind: int, body: bytes, timeout_s: float
+    ) -> list[ControlOutcome]:
+        """Send a CONTROL message (PROTOCOL.md §5.14) on every connection, and
+        each one's outcome, by edge and address; ``timeout_s`` bounds each wait
+        for an ACK."""
+        connections = sorted(
+            (c for c in self._connections if not c.closed.done()),
+            key=lambda c: (c.info.peer_identity, c.info.peer_address or ("", 0)),
+        )
+        return await broadcast_on(connections, kind, body, timeout_s)
 
     # -- drain -------------------------------------------------------------------------
 

@@ -74,6 +74,16 @@ class WorkerMetrics:
             ("edge",),
             mode="livemax",
         )
+        self.edge_sent_bytes = m.counter(
+            "edge_sent_bytes",
+            "Octets the origin's tunnel sockets sent to an edge, retransmissions included.",
+            ("edge",),
+        )
+        self.edge_retransmitted_bytes = m.counter(
+            "edge_retransmitted_bytes",
+            "Of those, octets TCP sent again (a lossy path shows here; from TCP_INFO).",
+            ("edge",),
+        )
         self.edges_refused = m.counter(
             "edges_refused", "Tunnel connections refused, by reason.", ("reason",)
         )
@@ -141,3 +151,27 @@ class ControlMetrics:
         )
         self.worker_restarts = m.counter("worker_restarts", "Workers restarted after dying.")
         self.reloads = m.counter("reloads", "SIGHUP reloads by result (ok, error).", ("result",))
+        self.acme_expiry = m.gauge(
+            "acme_certificate_expiry_timestamp_seconds",
+            "notAfter (Unix time) of the ACME certificate the origin holds, per name.",
+            ("certificate", "name"),
+            mode="livemax",
+        )
+        self.acme_renew_at = m.gauge(
+            "acme_renewal_due_timestamp_seconds",
+            "When the ACME certificate is due for renewal (ARI or 2/3 of its lifetime).",
+            ("certificate",),
+            mode="livemax",
+        )
+        self.acme_failures = m.gauge(
+            "acme_renewal_failures",
+            "Failed ACME attempts in a row for the certificate (0 after a success).",
+            ("certificate",),
+            mode="livemax",
+        )
+        self.acme_edges = m.gauge(
+            "acme_edges",
+            "Edges by their answer to the current ACME certificate (applied, refused...).",
+            ("certificate", "status"),
+            mode="livemax",
+        )

@@ -20,6 +20,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from geoedge.workers import worker_share
 from origin.config import PassiveHealthConfig, PoolConfig
 
 __all__ = ["BackendSpec", "PoolSnapshot", "decode_snapshots", "encode_snapshots"]
@@ -65,7 +66,14 @@ class PoolSnapshot:
     backends: tuple[BackendSpec, ...] = ()
 
     @classmethod
-    def from_config(cls, pool: PoolConfig, backends: tuple[BackendSpec, ...]) -> PoolSnapshot:
+    def from_config(
+        cls, pool: PoolConfig, backends: tuple[BackendSpec, ...], *, workers: int = 1
+    ) -> PoolSnapshot:
+        """``workers``: the host's worker count. ``max_connections_per_backend``
+        is per host in the config; each worker gets its share, rounded up (so
+        at least 1: with more workers than the cap, the host may exceed it by
+        up to a worker each)."""
+        cap = pool.max_connections_per_backend
         return cls(
             name=pool.name,
             hosts=pool.hosts,
@@ -75,7 +83,7 @@ class PoolSnapshot:
             proxy_protocol=pool.proxy_protocol,
             connect_timeout_s=pool.connect_timeout_s,
             connect_retries=pool.connect_retries,
-            max_connections_per_backend=pool.max_connections_per_backend,
+            max_connections_per_backend=worker_share(cap, workers),
             queue_timeout_s=pool.queue_timeout_s,
             max_queued=pool.max_queued,
             keepalive_idle_s=pool.keepalive_idle_s,

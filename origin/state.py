@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from geoedge.workers import resolve_worker_count
 from origin.balancer import RiseFall
 from origin.config import HealthCheckConfig, OriginConfig, PoolConfig
 from origin.snapshot import BackendSpec, PoolSnapshot
@@ -44,6 +45,8 @@ class ControlState:
         self._health: dict[tuple[str, str], _Health] = {}
         self.drained: set[tuple[str, str]] = set()
         self._booted = False
+        #: Caps in the config are per host; each worker enforces its share.
+        self.workers = resolve_worker_count(config.origin.workers)
         self.reload(config, now)
         self._booted = True
 
@@ -123,7 +126,7 @@ class ControlState:
                         drained=(name, address) in self.drained,
                     )
                 )
-            out.append(PoolSnapshot.from_config(config, tuple(specs)))
+            out.append(PoolSnapshot.from_config(config, tuple(specs), workers=self.workers))
         return tuple(out)
 
     def check_targets(self) -> dict[tuple[str, str], HealthCheckConfig]:

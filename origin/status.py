@@ -12,8 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from geoedge.cert_expiry import CertificateWatch, certificates_table
 from geoedge.status_page import Action, Cell, Row, StatusPage, Table, cell
-from geoedge.status_window import MetricsWindow, workers_table
+from geoedge.status_window import (
+    RETRANSMIT_BAD,
+    RETRANSMIT_WARN,
+    MetricsWindow,
+    retransmit_ratio,
+    workers_table,
+)
+from geoedge.version import package_version
 from origin.control import ControlPlane
 
 __all__ = ["OriginStatus"]
@@ -29,6 +37,9 @@ class OriginStatus:
     control: ControlPlane
     #: (workers running, workers wanted, draining)
     workers: Callable[[], tuple[int, int, bool]]
+    certificates: CertificateWatch | None = None
+    #: The ACME certificates' table ([acme] configured).
+    acme: Callable[[], Table] | None = None
 
     def sample(self) -> None:
         self.window.sample()
@@ -40,6 +51,7 @@ class OriginStatus:
         failures = sum(w.rate("geoedge_origin_stream_failures_total", ()).values())
         facts = [
             ("origin", Cell(self.origin_id)),
+            ("version", Cell(package_version())),
             ("state", Cell("draining", "warn") if draining else Cell("serving", "ok")),
             ("workers", Cell(f"{running}/{target}", "" if running else "bad")),
             ("streams", cell(streams, "/s")),
@@ -50,23 +62,42 @@ class OriginStatus:
         return StatusPage(
             f"geoedge origin {self.origin_id}",
             facts,
-            [self._edges(), self._backends(), self._failures(), workers_table(w, "origin")],
+            [self._edges(), self._backends(), self._failures(), workers_table(w, "origin")]
+            + ([certificates_table(self.certificates)] if self.certificates else [])
+            + ([self.acme()] if self.acme is not None else []),
         )
 
     def _edges(self) -> Table:
         w = self.window
         connections = w.gauge("geoedge_origin_edges_connected", ("edge",))
         rtt = w.gauge("geoedge_origin_edge_rtt_seconds", ("edge",), max)
+        sent = w.rate("geoedge_origin_edge_sent_bytes_total", ("edge",))
+        resent = w.rate("geoedge_origin_edge_retransmitted_bytes_total", ("edge",))
         rows = [
-            Row([Cell(edge), cell(count), cell(rtt.get((edge,)), "s", warn=RTT_WARN_S)])
+            Row(
+                [
+                    Cell(edge),
+                    cell(count),
+                    cell(rtt.get((edge,)), "s", warn=RTT_WARN_S),
+                    cell(
+                        retransmit_ratio(sent.get((edge,)), resent.get((edge,))),
+                        "%",
+                        warn=RETRANSMIT_WARN,
+                        bad=RETRANSMIT_BAD,
+                    ),
+                ]
+            )
             for (edge,), count in sorted(connections.items())
             if count > 0
         ]
         return Table(
             "Edges",
-            ["edge", "tunnel connections", "RTT"],
+            ["edge", "tunnel connections", "RTT", "retransmitted"],
             rows,
             empty="no edge connected",
+            note="Retransmitted: of the octets sent to the edge (responses), those TCP"
+            " sent again (TCP_INFO). A path that loses packets shows here, not in the RTT;"
+            " a slow origin shows in the backends' first byte instead.",
         )
 
     def _backends(self) -> Table:

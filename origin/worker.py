@@ -8,7 +8,9 @@ tunnel listener hands every stream straight to the dispatcher.
   the parked backend connections and the pools' queues; per stream, choose a
   backend, reuse a parked connection or connect, queue under a cap, release;
 - :class:`origin.edges.EdgeConnections`: the edges' tunnel connections and
-  their metrics; GOAWAY on drain;
+  their metrics; GOAWAY on drain; CONTROL messages sent on all of them at
+  the parent's request (:meth:`OriginWorker.on_request`,
+  :mod:`origin.edge_control`);
 - :class:`origin.deadlines.DeadlineSweep`: once a second, reset the streams
   whose backend is silent past its deadline;
 - :class:`origin.publisher.MetricsPublisher`: once a second, publish the
@@ -26,6 +28,7 @@ abort what is left.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import socket
 import ssl
@@ -36,17 +39,21 @@ from typing import Any
 
 from geoedge.logs import AccessLog, log_event
 from geoedge.metrics import ProcessMetrics, Tally
+from origin.acme_edges import NewEdgeCertificates
 from origin.admission import TlsAudit
 from origin.balancer import BackendPool
 from origin.config import OriginConfig
 from origin.deadlines import DeadlineSweep, stream_deadline
 from origin.dispatch import StreamDispatcher
+from origin.edge_control import answer_request
 from origin.edges import EdgeConnections
 from origin.forward import Splice
 from origin.metrics import WorkerMetrics
 from origin.publisher import MetricsPublisher
 from origin.snapshot import PoolSnapshot, decode_snapshots
+from tunnel.aio.control import ControlHandlers, echo
 from tunnel.aio.transport import serve_tunnel
+from tunnel.mux import ControlKind
 
 # stream_deadline lives in origin.deadlines; tests import it from here.
 __all__ = ["OriginWorker", "WorkerStatistics", "stream_deadline"]
@@ -81,6 +88,7 @@ class OriginWorker:
         access_log: AccessLog | None = None,
         process_metrics: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        acme_messages: list[tuple[int, bytes]] | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics or WorkerMetrics()
@@ -98,6 +106,11 @@ class OriginWorker:
             config.origin.id, self.metrics, self.tally, access_log, clock
         )
         self.edges = EdgeConnections(self.metrics)
+        #: The current ACME certificates, sent to each edge as it connects.
+        self.acme = NewEdgeCertificates(acme_messages)
+        self.edges.on_edge = self.acme.on_edge
+        #: What the origin answers to the edges' CONTROL messages: ECHO alone.
+        self.control_handlers = ControlHandlers({ControlKind.ECHO: echo})
         self.deadlines = DeadlineSweep(self.dispatcher, self.metrics, self._loop)
         self.publisher = MetricsPublisher(
             self._loop, self.tally, self.dispatcher, self.edges, access_log, self.process_metrics
@@ -123,6 +136,7 @@ class OriginWorker:
             on_connection=self.edges.on_connection,
             sock=sock,
             ssl_context=ssl_context,
+            control_handlers=self.control_handlers,
         )
         self.publisher.start()
         self.deadlines.start()
@@ -184,8 +198,15 @@ class OriginWorker:
         """A message from the parent (:func:`geoedge.workers.listen_control`)."""
         if message.get("op") == "pools":
             self.apply_snapshots(decode_snapshots(message["pools"]))
+        elif message.get("op") == "acme_certificates":
+            self.acme.replace([(int(k), base64.b64decode(b)) for k, b in message["messages"]])
         else:
             log.warning("unknown control message %r", message.get("op"))
+
+    async def on_request(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A request from the parent (:meth:`geoedge.workers.Supervisor.request`):
+        a CONTROL message for every edge connection of this worker."""
+        return await answer_request(message, self.edges.broadcast_control)
 
     def apply_snapshots(self, snapshots: tuple[PoolSnapshot, ...]) -> None:
         """Adopt the parent's pools; in-flight streams keep their backends."""

@@ -14,6 +14,11 @@ import pytest
 import uvloop
 
 from geoedge import pki
+from tests import example_budget  # noqa: F401  (registers and loads the Hypothesis profile)
+
+#: The skip policy (a skip on CI fails unless allow-listed) and pytester, which
+#: the policy's own test uses to run a small suite of its own.
+pytest_plugins = ["tests.skip_policy", "pytester"]
 
 T = TypeVar("T")
 TIMEOUT_SCALE = float(os.environ.get("GEOEDGE_TEST_TIMEOUT_SCALE", "1"))

@@ -137,6 +137,7 @@ class FakeServices:
     http: HttpConfig = field(default_factory=HttpConfig)
     http_limits: HttpLimits = field(default_factory=HttpLimits)
     tunnel_wait_s: float = 5.0
+    cache: Any = None  # edge.cache.EdgeCache, or None: neither cache nor compression
     hsts_field: bytes | None = None
     redirect: RedirectListenerConfig | None = None
     request_rate: RequestRate = field(default_factory=lambda: RequestRate(0.0, 1))
@@ -175,12 +176,18 @@ class FakeServices:
     def warn(self, message: str, *args: object) -> None:
         pass
 
+    def ready(self) -> bool:
+        return self.tunnel_up and not self.draining
+
     def new_request_id(self) -> str:
         self.ids += 1
         return f"req{self.ids:04d}"
 
     def admit(self, client_ip: str) -> Any:
         return lambda: None
+
+    def acme_http01(self, host: str | None, path: str) -> str | None:
+        return None
 
     def connection_opened(self, connection: Any, facts: Any) -> None:
         self.connections.add(connection)

@@ -4,12 +4,13 @@ and an edge-like dialer, over mutual TLS or plain TCP."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from geoedge.devstack import free_port as free_port  # the tests import it from here
 from tests.conftest import PkiFiles
 from tunnel.aio.connection import TunnelConnection
+from tunnel.aio.control import ControlHandler
 from tunnel.aio.stream import StreamIO, TunnelStream
 from tunnel.aio.transport import (
     TunnelDialConfig,
@@ -70,6 +71,7 @@ async def start_server(
     config: TunnelListenerConfig,
     handler: Callable[[StreamIO], object],
     session_config: SessionConfig | None = None,
+    control_handlers: Mapping[int, ControlHandler] | None = None,
 ) -> TunnelServer:
     holder: list[TunnelServer] = []
 
@@ -89,7 +91,11 @@ async def start_server(
         holder[0].connections.append(connection)
 
     server = await serve_tunnel(
-        config, session_config or SessionConfig(), on_stream, on_connection=on_connection
+        config,
+        session_config or SessionConfig(),
+        on_stream,
+        on_connection=on_connection,
+        control_handlers=control_handlers,
     )
     port = server.sockets[0].getsockname()[1]
     holder.append(TunnelServer(server, port))
@@ -97,9 +103,13 @@ async def start_server(
 
 
 async def connect(
-    config: TunnelDialConfig, session_config: SessionConfig | None = None
+    config: TunnelDialConfig,
+    session_config: SessionConfig | None = None,
+    control_handlers: Mapping[int, ControlHandler] | None = None,
 ) -> TunnelConnection:
-    return await dial_tunnel(config, session_config or SessionConfig())
+    return await dial_tunnel(
+        config, session_config or SessionConfig(), control_handlers=control_handlers
+    )
 
 
 def open_io(connection: TunnelConnection, **metadata: object) -> StreamIO:

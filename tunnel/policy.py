@@ -50,3 +50,26 @@ def choose_connection(candidates: Sequence[C]) -> C | None:
         ):
             best = candidate
     return best
+
+
+class Pacer:
+    """Spaces events to ``rate_per_s`` on average, letting ``burst`` of them
+    through at once: the virtual-scheduling form of a token bucket (GCRA, ITU-T
+    I.371). :meth:`delay` says how long the event arriving at ``now`` must
+    wait, and books its place; time is an argument, so the schedule can be
+    tested without a clock."""
+
+    __slots__ = ("_interval", "_tat", "_tolerance")
+
+    def __init__(self, rate_per_s: float, burst: int) -> None:
+        if rate_per_s <= 0 or burst < 1:
+            raise ValueError("a pacer needs a positive rate and a burst of at least 1")
+        self._interval = 1.0 / rate_per_s
+        self._tolerance = (burst - 1) * self._interval
+        self._tat = float("-inf")  # when the bucket is next empty again
+
+    def delay(self, now: float) -> float:
+        """Seconds the event arriving at ``now`` waits (0 within the burst)."""
+        tat = max(self._tat, now)
+        self._tat = tat + self._interval
+        return max(0.0, tat - self._tolerance - now)

@@ -113,9 +113,17 @@ function makeHandler(state) {
   return function handle(req, res) {
     const url = new URL(req.url, 'http://backend.invalid');
     switch (url.pathname) {
-      case '/':
-        res.writeHead(200, { 'Content-Type': 'text/html; charset=utf-8', 'Content-Length': Buffer.byteLength(INDEX_HTML) });
+      case '/': {
+        const head = { 'Content-Type': 'text/html; charset=utf-8', 'Content-Length': Buffer.byteLength(INDEX_HTML) };
+        // ?max_age=N[&swr=M]: a cacheable page (the edge's cache, make wan).
+        const maxAge = intParam(url, 'max_age', 0, 86400);
+        const swr = intParam(url, 'swr', 0, 86400);
+        if (maxAge !== null) {
+          head['Cache-Control'] = `public, max-age=${maxAge}` + (swr !== null ? `, stale-while-revalidate=${swr}` : '');
+        }
+        res.writeHead(200, head);
         return res.end(INDEX_HTML);
+      }
       case '/health':
         return sendText(res, 200, 'ok');
       case '/ip':

@@ -15,7 +15,13 @@ through llhttp, bounded), :mod:`.chunked` (chunked framing),
 :mod:`.response`, :mod:`.websocket`, :mod:`.canned` (responses the edge writes).
 """
 
-from edge.http1.canned import error_response, https_location, redirect_response
+from edge.http1.canned import (
+    error_response,
+    https_location,
+    readiness_response,
+    redirect_response,
+    text_response,
+)
 from edge.http1.errors import Http1Error, Http1UsageError
 from edge.http1.events import (
     BackendClosed,
@@ -66,8 +72,10 @@ __all__ = [
     "closing_head",
     "error_response",
     "https_location",
+    "readiness_response",
     "redirect_response",
     "reusable_head",
+    "text_response",
     "websocket_accept",
     "with_field",
 ]

@@ -1,5 +1,5 @@
-"""Responses the edge writes itself: errors (400, 431, 502, 503, 504...) and the
-plain-HTTP → HTTPS redirect.
+"""Responses the edge writes itself: errors (400, 431, 502, 503, 504...), the
+plain-HTTP → HTTPS redirect and the answer to an ACME HTTP-01 challenge.
 
 Small, complete and unambiguous: a status line with the standard reason
 phrase, ``Content-Type``, ``Content-Length``, ``Connection: close`` (unless
@@ -91,6 +91,38 @@ def redirect_response(location: str) -> bytes:
         "\r\n"
     )
     return head.encode("ascii") + payload
+
+
+def text_response(body: str) -> bytes:
+    """A ``200 OK`` with ``body`` (ASCII text, e.g. an ACME key authorization,
+    RFC 8555 §8.3) that closes the connection and is never cached."""
+    payload = body.encode("ascii")
+    head = (
+        "HTTP/1.1 200 OK\r\n"
+        "Content-Type: application/octet-stream\r\n"
+        f"Content-Length: {len(payload)}\r\n"
+        "Cache-Control: no-store\r\n"
+        "Connection: close\r\n"
+        "\r\n"
+    )
+    return head.encode("ascii") + payload
+
+
+def readiness_response(ready: bool, *, head_only: bool = False) -> bytes:
+    """The edge's answer to its ``readiness_path``: ``200`` and ``ready``, or
+    ``503`` and ``not ready``; never cached, and the connection closes (health
+    checkers open one per check). ``head_only``: the same head, no body (HEAD)."""
+    status = 200 if ready else 503
+    payload = b"ready\n" if ready else b"not ready\n"
+    head = (
+        f"HTTP/1.1 {status} {_phrase(status)}\r\n"
+        "Content-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(payload)}\r\n"
+        "Cache-Control: no-store\r\n"
+        "Connection: close\r\n"
+        "\r\n"
+    )
+    return head.encode("ascii") + (b"" if head_only else payload)
 
 
 def _phrase(status: int) -> str:

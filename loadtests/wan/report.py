@@ -1,12 +1,16 @@
 """The results of ``make wan``: ``wan.json``, the printed table and ``wan.png``.
 
-``wan.json`` holds, for each scenario (``direct``, ``edge``) and each key of
+``wan.json`` holds, for each scenario (``direct``, ``edge``, ``nginx``) and each key of
 :data:`loadtests.wan.scenarios.MEASUREMENTS`, an object with ``p50_ms``,
 ``p90_ms``, ``p99_ms``, ``floor_ms`` and ``n`` (successful samples), plus
 ``failed`` (samples that errored) and ``samples_ms`` (every sample, so the chart
 can be redrawn and other statistics computed later). ``speedup_p50`` is direct
-p50 / edge p50 per measurement; ``locust`` summarises the locust runs whose CSVs
-lie beside the file; ``config`` records delays, sysctls, workers and counts.
+p50 / edge p50 per measurement, ``vs_nginx_p50`` nginx p50 / edge p50 (above
+1: geoedge's edge is faster than the nginx edge); ``locust`` summarises the
+locust runs whose CSVs lie beside the file; ``config`` records delays,
+sysctls, workers and counts. ``lossy`` holds one phase per loss rate
+(``"loss_0.1%"``, ``"loss_1%"``): ``loss``, ``measured`` (the keys it took),
+then the same per-scenario rows, ``speedup_p50`` and ``vs_nginx_p50``.
 
 The chart has one panel per measurement: each scenario's samples as a box
 (quartiles, whiskers at 1.5 IQR) over the individual samples, and the floor of
@@ -19,7 +23,7 @@ import csv
 import datetime as dt
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +34,7 @@ __all__ = ["build_results", "format_table", "read_locust_stats", "write", "write
 #: FreeAgent, "Speeding up SSL": 1322 ms direct vs 557 ms through a remote
 #: balancer and an OpenVPN tunnel at 265 ms RTT.
 SEED = {"direct_ms": 1322.0, "tunnel_ms": 557.0, "ratio": round(1322.0 / 557.0, 2)}
-COLORS = {"direct": "#d95f02", "edge": "#1b9e77"}
+COLORS = {"direct": "#d95f02", "edge": "#1b9e77", "nginx": "#7570b3"}
 
 
 def build_results(
@@ -48,9 +52,24 @@ def build_results(
         "elapsed_s": round(elapsed_s, 1),
         "seed_freeagent": SEED,
     }
+    results.update(_rows(samples, errors, floors, MEASUREMENTS))
+    results["locust"] = dict(locust)
+    results["config"] = dict(config)
+    return results
+
+
+def _rows(
+    samples: Mapping[str, Mapping[str, list[float]]],
+    errors: Mapping[str, Mapping[str, list[str]]],
+    floors: Mapping[str, Mapping[str, float]],
+    keys: Iterable[str],
+) -> dict[str, Any]:
+    """Per scenario, one row per key; then the ratios against the edge."""
+    keys = list(keys)
+    results: dict[str, Any] = {}
     for scenario in SCENARIOS:
         rows: dict[str, dict[str, Any]] = {}
-        for key in MEASUREMENTS:
+        for key in keys:
             values = list(samples.get(scenario, {}).get(key, []))
             row: dict[str, Any] = dict(summarize(values, floors[scenario][key]))
             row["failed"] = len(errors.get(scenario, {}).get(key, []))
@@ -59,52 +78,53 @@ def build_results(
                 row["first_error"] = errors[scenario][key][0]
             rows[key] = row
         results[scenario] = rows
-    results["speedup_p50"] = {key: speedup(results, key) for key in MEASUREMENTS}
-    results["locust"] = dict(locust)
-    results["config"] = dict(config)
+    results["speedup_p50"] = {key: speedup(results, key) for key in keys}
+    results["vs_nginx_p50"] = {key: speedup(results, key, "nginx") for key in keys}
     return results
 
 
-def speedup(results: Mapping[str, Any], key: str) -> float | None:
-    """Direct p50 over edge p50 (above 1: the edge is faster); None without samples."""
-    direct, edge = results["direct"][key]["p50_ms"], results["edge"][key]["p50_ms"]
-    if not direct or not edge:
+def build_phase(
+    samples: Mapping[str, Mapping[str, list[float]]],
+    errors: Mapping[str, Mapping[str, list[str]]],
+    floors: Mapping[str, Mapping[str, float]],
+    *,
+    loss: float,
+) -> dict[str, Any]:
+    """One lossy phase of ``wan.json``: the keys it measured, rows as above."""
+    measured = [k for k in MEASUREMENTS if any(k in samples.get(s, {}) for s in SCENARIOS)]
+    return {"loss": loss, "measured": measured, **_rows(samples, errors, floors, measured)}
+
+
+def speedup(results: Mapping[str, Any], key: str, over: str = "direct") -> float | None:
+    """``over``'s p50 over the edge's (above 1: the edge is faster); None without samples."""
+    if over not in results:
         return None
-    return round(float(direct) / float(edge), 2)
+    other, edge = results[over][key]["p50_ms"], results["edge"][key]["p50_ms"]
+    if not other or not edge:
+        return None
+    return round(float(other) / float(edge), 2)
 
 
 def format_table(results: Mapping[str, Any]) -> str:
-    """The table printed at the end of the run (and pasted into the README)."""
-    header = (
-        f"| {'measurement':<26} | {'scenario':<8} | {'p50 ms':>8} | {'p90 ms':>8} | "
-        f"{'p99 ms':>8} | {'floor ms':>8} | {'n':>4} | {'speedup':>7} |"
-    )
-    lines = [header, "|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|"]
-
-    def num(value: float | None) -> str:
-        return "-" if value is None else f"{value:.1f}"
-
-    for key in MEASUREMENTS:
-        for scenario in SCENARIOS:
-            row = results[scenario][key]
-            ratio = results["speedup_p50"][key] if scenario == "edge" else None
-            lines.append(
-                f"| {key if scenario == 'direct' else '':<26} | {scenario:<8} | "
-                f"{num(row['p50_ms']):>8} | {num(row['p90_ms']):>8} | {num(row['p99_ms']):>8} | "
-                f"{num(row['floor_ms']):>8} | {row['n']:>4} | "
-                f"{'' if ratio is None else f'{ratio:.2f}x':>7} |"
-            )
+    """The tables printed at the end of the run (and pasted into the README): the
+    loss-free one, then one per lossy phase."""
+    lossy_only = results.get("config", {}).get("lossy_only", False)
+    lines = [] if lossy_only else _table(results, list(MEASUREMENTS), "no loss")
+    for label, phase in results.get("lossy", {}).items():
+        lines += [""] if lines else []
+        lines += _table(phase, phase["measured"], f"{label} loss on the long links")
     seed = results["seed_freeagent"]
     lines.append(
-        f"speedup = direct p50 / edge p50; seed to beat (FreeAgent, 265 ms RTT): "
-        f"{seed['direct_ms']:.0f} ms direct vs {seed['tunnel_ms']:.0f} ms = {seed['ratio']}x"
+        f"speedup = direct p50 / edge p50; vs nginx = nginx p50 / edge p50; seed to beat "
+        f"(FreeAgent, 265 ms RTT): {seed['direct_ms']:.0f} ms direct vs "
+        f"{seed['tunnel_ms']:.0f} ms = {seed['ratio']}x"
     )
     emulator = results.get("config", {}).get("emulator")
     if emulator:
         links = emulator["links"].values()
         lines.append(
-            f"emulator: {sum(x['dropped_loss'] for x in links)} packets dropped by the 1% loss, "
-            f"{sum(x['dropped_queue'] for x in links)} by full queues, "
+            f"emulator: {sum(x['dropped_loss'] for x in links)} packets dropped by configured "
+            f"loss, {sum(x['dropped_queue'] for x in links)} by full queues, "
             f"NFQUEUE drops {emulator['nfqueue']}, netlink overruns "
             f"{emulator['netlink_overruns']}, release lateness mean "
             f"{emulator['late_mean_us']} us, max {emulator['late_max_us']} us"
@@ -117,6 +137,34 @@ def format_table(results: Mapping[str, Any]) -> str:
                 f"p99={row['p99_ms']} ms"
             )
     return "\n".join(lines)
+
+
+def _table(rows: Mapping[str, Any], keys: list[str], title: str) -> list[str]:
+    header = (
+        f"| {title:<26} | {'scenario':<8} | {'p50 ms':>8} | {'p90 ms':>8} | "
+        f"{'p99 ms':>8} | {'floor ms':>8} | {'n':>4} | {'failed':>6} | {'speedup':>7} | "
+        f"{'vs nginx':>8} |"
+    )
+    lines = [header, "|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|"]
+
+    def num(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    def ratio(value: float | None) -> str:
+        return "" if value is None else f"{value:.2f}x"
+
+    for key in keys:
+        for i, scenario in enumerate(SCENARIOS):
+            row = rows[scenario][key]
+            edge = scenario == "edge"
+            lines.append(
+                f"| {key if i == 0 else '':<26} | {scenario:<8} | "
+                f"{num(row['p50_ms']):>8} | {num(row['p90_ms']):>8} | {num(row['p99_ms']):>8} | "
+                f"{num(row['floor_ms']):>8} | {row['n']:>4} | {row['failed']:>6} | "
+                f"{ratio(rows['speedup_p50'][key]) if edge else '':>7} | "
+                f"{ratio(rows['vs_nginx_p50'][key]) if edge else '':>8} |"
+            )
+    return lines
 
 
 def read_locust_stats(path: Path) -> dict[str, Any]:
@@ -147,9 +195,38 @@ def read_locust_stats(path: Path) -> dict[str, Any]:
 
 
 def write(results: Mapping[str, Any], directory: Path) -> None:
-    """``wan.json`` and ``wan.png`` in ``directory``."""
+    """``wan.json``, ``wan.png`` and (after lossy phases) ``wan_lossy.png`` in ``directory``."""
     (directory / "wan.json").write_text(json.dumps(results, indent=1) + "\n")
     write_chart(results, directory / "wan.png")
+    if results.get("lossy"):
+        write_lossy_chart(results["lossy"], directory / "wan_lossy.png")
+
+
+def write_lossy_chart(phases: Mapping[str, Any], path: Path) -> None:
+    """One row per lossy phase, one panel per measurement it took."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = max(len(phase["measured"]) for phase in phases.values())
+    fig, axes = plt.subplots(
+        len(phases), columns, figsize=(4.0 * columns, 4.4 * len(phases)), squeeze=False
+    )
+    for row, (label, phase) in zip(axes, phases.items(), strict=True):
+        for ax, key in zip(row, phase["measured"], strict=False):
+            _panel(ax, phase, key)
+            ax.set_title(f"{label}: {ax.get_title()}", fontsize=9)
+        for ax in row[len(phase["measured"]) :]:
+            ax.set_visible(False)
+    fig.suptitle(
+        "geoedge WAN latency with random loss on the long links (both ways); "
+        "speedup = direct p50 / edge p50",
+        fontsize=13,
+    )
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
 
 
 def write_chart(results: Mapping[str, Any], path: Path) -> None:

@@ -2,11 +2,21 @@
 
 One command builds the emulated WAN (:mod:`loadtests.wan.emulator`: user 265 ms
 RTT from the origin, 10 ms from the edge), starts the Node.js app, HAProxy
-(direct), the origin balancer and the edge, then takes every measurement of
-:data:`loadtests.wan.scenarios.MEASUREMENTS` from the ``user`` namespace for both
-scenarios (interleaved, so that slow drifts of the shared machine hit both
-alike), runs locust against each, and writes ``wan.json``, ``wan.png`` and the
-locust CSVs to ``loadtests/results/`` (see :mod:`loadtests.wan.report`).
+(direct), the origin balancer, the edge and the nginx edge, then takes every
+measurement of :data:`loadtests.wan.scenarios.MEASUREMENTS` from the ``user``
+namespace for every scenario (interleaved, so that slow drifts of the shared
+machine hit all alike), runs locust against each, and writes ``wan.json``,
+``wan.png`` and the locust CSVs to ``loadtests/results/`` (see
+:mod:`loadtests.wan.report`).
+
+Then the same stack runs the lossy phases: for each rate of ``--loss-rates``
+(0.1% and 1% by default) random loss is set on the long links (user-origin
+and edge-origin, both directions, in the delay router) and the measurements
+of :data:`LOSSY_STEPS` are taken again for every scenario: small GETs, 768 KB
+GETs, WebSocket opens and echoes, bursts, and cold bursts and cold 768 KB
+GETs right after each terminator restarts. Each phase starts after a few
+untimed requests at that rate, so that connections kept across phases (the
+tunnel's, nginx's pool) have met the loss before they are timed.
 
 ``--quick`` takes a few samples of everything (about a minute; the
 integration test runs it); the sample counts are options. Exit status: 0 when
@@ -32,7 +42,6 @@ from typing import Any
 
 from loadtests.wan import report
 from loadtests.wan.scenarios import (
-    HTTPS_PORT,
     MEASUREMENTS,
     SCENARIOS,
     floor_ms,
@@ -96,12 +105,41 @@ class Plan:
     locust_users: int = 20
     pause_s: float = 0.1
     """Pause between sequential samples."""
+    lossy_small: int = 10
+    """Per lossy phase: new-connection GETs of the small page, and WebSocket opens."""
+    lossy_large: int = 20
+    """Per lossy phase: new-connection 768 KB GETs (the judged figure)."""
+    lossy_bursts: int = 2
+    """Per lossy phase: bursts of ``burst_size`` right after other traffic."""
+    lossy_restarts: int = 2
+    """Per lossy phase: terminator restarts, each followed by a cold burst, and as
+    many again each followed by one 768 KB GET."""
 
 
 QUICK = Plan(
     new=2, large=1, close_large=2, keepalive=3, ws=2, bursts=1, burst_size=10, first_bursts=1,
     idle_rounds=1, idle_s=2.0, loss=2, warmup=1, locust_s=3, locust_users=4, pages=2,
+    lossy_small=1, lossy_large=2, lossy_bursts=1, lossy_restarts=0,
 )  # fmt: skip
+
+#: Loss probabilities of the lossy phases, each applied to every direction of
+#: :data:`LONG_LINKS`.
+LOSS_RATES = (0.001, 0.01)
+LONG_LINKS = (("edge", "origin"), ("user", "origin"))
+#: Untimed small and large GETs per scenario at the start of a lossy phase.
+LOSSY_WARMUP = 3
+#: What each lossy phase measures, after other traffic: (key, batch kind, Plan
+#: field giving the count). Cold bursts and cold 768 KB GETs follow restarts.
+LOSSY_STEPS = (
+    ("new_small_tls13", "new", "lossy_small"),
+    ("new_large_tls13", "new", "lossy_large"),
+    ("burst20_small_tls13", "burst", "lossy_bursts"),
+)
+
+
+def loss_label(rate: float) -> str:
+    """The key of a lossy phase in ``wan.json``: ``"loss_0.1%"``."""
+    return f"loss_{rate * 100:g}%"
 
 
 class Runner:
@@ -118,8 +156,9 @@ class Runner:
 
     def batch(self, scenario: str, kind: str, **fields: Any) -> tuple[Series, list[str]]:
         """One batch of samples from the agent: (series by name, errors)."""
-        host = self.stack.wan.address(SCENARIOS[scenario].terminator)
-        spec = {"host": host, "port": HTTPS_PORT, "ca": self.stack.files.ca, "kind": kind}
+        where = SCENARIOS[scenario]
+        host = self.stack.wan.address(where.terminator)
+        spec = {"host": host, "port": where.port, "ca": self.stack.files.ca, "kind": kind}
         reply = self.stack.agent_request({**spec, "pause_s": self.plan.pause_s, **fields})
         if "fatal" in reply:
             raise RuntimeError(f"measuring agent refused a batch: {reply['fatal']}")
@@ -140,12 +179,14 @@ class Runner:
         series, errors = self.batch(scenario, kind, tls=m.tls, path=m.path, alpn=m.alpn, **fields)
         self.record(scenario, key, series.get(series_name, []), errors)
 
-    def warm_up(self, scenario: str) -> None:
+    def warm_up(self, scenario: str, count: int | None = None) -> None:
         for path in ("/", "/large"):
-            self.batch(scenario, "new", path=path, count=self.plan.warmup, pause_s=0.0)
+            count = self.plan.warmup if count is None else count
+            self.batch(scenario, "new", path=path, count=count, pause_s=0.0)
 
-    def websocket(self, scenario: str) -> None:
-        series, errors = self.batch(scenario, "ws", path="/ws", count=self.plan.ws)
+    def websocket(self, scenario: str, count: int | None = None) -> None:
+        count = self.plan.ws if count is None else count
+        series, errors = self.batch(scenario, "ws", path="/ws", count=count)
         self.record(scenario, "ws_open_tls13", series.get("ws_open_ms", []), errors)
         self.record(scenario, "ws_echo_tls13", series.get("ws_echo_ms", []), [])
 
@@ -181,30 +222,51 @@ class Runner:
             for scenario in order if i % 2 == 0 else order[::-1]:
                 self.measure(scenario, "idle30_large_tls13", "new", "total_ms", count=1)
 
-    def first_bursts(self) -> None:
+    def first_bursts(self, rounds: int | None = None) -> None:
         p = self.plan
-        for i in range(p.first_bursts):
+        rounds = p.first_bursts if rounds is None else rounds
+        for i in range(rounds):
             for scenario in SCENARIOS:
                 self.stack.restart(scenario)
-                say(f"  {scenario} restarted ({i + 1}/{p.first_bursts}), first burst")
+                say(f"  {scenario} restarted ({i + 1}/{rounds}), first burst")
                 self.measure(
                     scenario, "first_burst20_small_tls13", "burst", "total_ms",
                     count=1, burst=p.burst_size,
                 )  # fmt: skip
                 self.stack.restart(scenario)
-                say(f"  {scenario} restarted ({i + 1}/{p.first_bursts}), first 768 KB")
+                say(f"  {scenario} restarted ({i + 1}/{rounds}), first 768 KB")
                 self.measure(scenario, "first_large_tls13", "new", "total_ms", count=1)
 
     def lossy(self) -> None:
         wan = self.stack.wan
-        wan.set_pair("edge", "origin", loss=0.01)
-        wan.set_pair("user", "origin", loss=0.01)
+        set_loss(wan, 0.01)
         try:
             for scenario in SCENARIOS:
                 self.measure(scenario, "loss1_small_tls13", "new", "total_ms", count=self.plan.loss)
         finally:
-            wan.set_pair("edge", "origin", loss=0.0)
-            wan.set_pair("user", "origin", loss=0.0)
+            set_loss(wan, 0.0)
+
+    def lossy_phase(self, rate: float) -> None:
+        """The measurements of :data:`LOSSY_STEPS`, WebSockets and cold starts with
+        ``rate`` loss on the long links (this runner holds that phase's samples)."""
+        p = self.plan
+        set_loss(self.stack.wan, rate)
+        try:
+            for scenario in SCENARIOS:
+                self.warm_up(scenario, min(p.warmup, LOSSY_WARMUP))
+            for key, kind, count_field in LOSSY_STEPS:
+                say(f"  {key}")
+                count = getattr(p, count_field)
+                extra = {"burst": p.burst_size} if kind == "burst" else {}
+                for scenario in SCENARIOS:
+                    self.measure(scenario, key, kind, "total_ms", count=count, **extra)
+            say("  ws_open_tls13, ws_echo_tls13")
+            for scenario in SCENARIOS:
+                self.websocket(scenario, p.lossy_small)
+            say("  cold starts: first_burst20_small_tls13, first_large_tls13")
+            self.first_bursts(p.lossy_restarts)
+        finally:
+            set_loss(self.stack.wan, 0.0)
 
     def access_log_check(self, access_log: Path) -> dict[str, Any]:
         """The edge's access log against what each ``close`` client received:
@@ -238,6 +300,27 @@ class Runner:
         self.first_bursts()
         say("1% loss on the long link")
         self.lossy()
+        say("pages from the edge's cache")
+        self.cached_pages()
+
+    def cached_pages(self) -> None:
+        """A page another user loaded (one untimed load first), and the same page
+        stale under stale-while-revalidate (max-age=1: 1.5 s after each load)."""
+        pages = self.plan.pages
+        for scenario in SCENARIOS:
+            for key in ("page30_cached_tls13", "page30_swr_tls13"):
+                m = MEASUREMENTS[key]
+                self.batch(scenario, "page", tls=m.tls, path=m.path, alpn=m.alpn, count=1)
+            self.measure(scenario, "page30_cached_tls13", "page", "total_ms", count=pages)
+            for _ in range(pages):
+                time.sleep(1.5)
+                self.measure(scenario, "page30_swr_tls13", "page", "total_ms", count=1)
+
+
+def set_loss(wan: Any, rate: float) -> None:
+    """``rate`` random loss on every direction of the long links (the delay router)."""
+    for a, b in LONG_LINKS:
+        wan.set_pair(a, b, loss=rate)
 
 
 def _one_way_delays(stack: Stack) -> dict[tuple[str, str], float]:
@@ -249,11 +332,31 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="a few samples of everything")
     parser.add_argument("--results", type=Path, default=RESULTS, help="output directory")
     parser.add_argument("--keep-logs", action="store_true", help="keep the daemons' logs")
+    parser.add_argument(
+        "--loss-rates", type=_rates, default=LOSS_RATES, metavar="P,P",
+        help="loss probabilities of the lossy phases (default 0.001,0.01; '' for none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--daemon-toml", default="", metavar="TOML",
+        help="appended to the edge's and the origin's configurations, for an A/B run"
+        " (e.g. $'[tunnel]\\ncongestion_control = \"\"' for the host's CUBIC)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--lossy-only", action="store_true",
+        help="skip the loss-free measurements and locust (the lossy phases alone)",
+    )  # fmt: skip
     for f in dataclasses.fields(Plan):
         kind = float if f.type == "float" else int
         flag = "--" + f.name.replace("_", "-")
         parser.add_argument(flag, type=kind, default=None, help=f"(default {f.default})")
     return parser
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    rates = tuple(float(word) for word in text.split(",") if word.strip())
+    if not all(0.0 < rate < 1.0 for rate in rates):
+        raise argparse.ArgumentTypeError(f"loss rates must be in (0, 1): {text!r}")
+    return rates
 
 
 def plan_from(args: argparse.Namespace) -> Plan:
@@ -286,16 +389,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.results.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with _workdir(args.keep_logs) as workdir, Stack(workdir, DAEMON_SYSCTLS) as stack:
+    extra = {"edge": args.daemon_toml, "origin": args.daemon_toml}
+    with (
+        _workdir(args.keep_logs) as workdir,
+        Stack(workdir, DAEMON_SYSCTLS, toml_extra=extra) as stack,
+    ):
         runner = Runner(stack, plan)
-        runner.run()
+        if not args.lossy_only:
+            runner.run()
         locust = {}
-        if plan.locust_s > 0:
+        if plan.locust_s > 0 and not args.lossy_only:
             for scenario in SCENARIOS:
                 say(f"locust against {scenario} for {plan.locust_s} s")
                 locust[scenario] = stack.locust(
                     scenario, args.results, plan.locust_s, plan.locust_users
                 )
+        lossy: dict[float, Runner] = {}
+        for rate in args.loss_rates:
+            say(f"{loss_label(rate)}: random loss on the long links, both ways")
+            lossy[rate] = Runner(stack, plan)
+            lossy[rate].lossy_phase(rate)
         delays = _one_way_delays(stack)
         time.sleep(1.5)  # the edge writes its access-log lines within a second
         access = runner.access_log_check(Path(stack.files.edge_access_log))
@@ -312,12 +425,21 @@ def main(argv: list[str] | None = None) -> int:
     results = report.build_results(
         runner.samples, runner.errors, floors,
         config={**config, "plan": dataclasses.asdict(plan), "quick": args.quick,
-                "negotiated": runner.negotiated},
+                "negotiated": runner.negotiated, "lossy_only": args.lossy_only,
+                "daemon_toml": args.daemon_toml,
+                "long_links": [f"{a}-{b}" for a, b in LONG_LINKS]},
         locust=locust, elapsed_s=time.monotonic() - started,
     )  # fmt: skip
+    results["lossy"] = {
+        loss_label(rate): report.build_phase(r.samples, r.errors, floors, loss=rate)
+        for rate, r in lossy.items()
+    }
     report.write(results, args.results)
     print(report.format_table(results))
-    missing = [f"{s}/{k}" for s in SCENARIOS for k in MEASUREMENTS if not results[s][k]["n"]]
+    expected = [] if args.lossy_only else [(results, k) for k in MEASUREMENTS]
+    for phase in results["lossy"].values():
+        expected += [(phase, k) for k in phase["measured"]]
+    missing = [f"{s}/{k}" for rows, k in expected for s in SCENARIOS if not rows[s][k]["n"]]
     if missing:
         print(f"no samples for: {', '.join(missing)}", file=sys.stderr)
         return 1

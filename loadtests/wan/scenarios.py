@@ -1,8 +1,8 @@
 """What ``make wan`` measures, over which path, and the physical floor of each (pure: no I/O).
 
-Two scenarios put the same Node.js app behind the same certificate and the same
-TLS settings (TLS 1.2-1.3, Mozilla intermediate ciphers, ALPN http/1.1), seen
-from the ``user`` namespace of :mod:`loadtests.wan.emulator`:
+Three scenarios put the same Node.js app behind the same certificate and the
+same TLS settings (TLS 1.2-1.3, Mozilla intermediate ciphers, ALPN http/1.1),
+seen from the ``user`` namespace of :mod:`loadtests.wan.emulator`:
 
 * ``direct``: HAProxy terminates TLS at the origin site and proxies to the app
   -- what a team runs without geoedge. The user's TCP and TLS handshakes cross
@@ -11,6 +11,14 @@ from the ``user`` namespace of :mod:`loadtests.wan.emulator`:
   connection as one stream of its already-open tunnel to the origin balancer,
   which hands it to the app. Handshakes cross the short link (user <-> edge);
   each request crosses the long link (edge <-> origin) once.
+* ``nginx``: the peer to beat: stock nginx on the edge host terminates TLS
+  near the user and proxies each request over a pool of keep-alive TLS
+  connections to HAProxy at the origin site (:mod:`loadtests.wan.nginx`).
+  The same paths as ``edge``, so the same floors.
+
+A scenario is one entry of :data:`SCENARIOS`; the runner, the report and the
+chart take every entry, so adding one is adding an entry (and its process in
+:mod:`loadtests.wan.stack`).
 
 The floor
 ---------
@@ -45,6 +53,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 __all__ = [
@@ -77,6 +86,9 @@ class Scenario:
     upstream: str | None
     """The host the terminator forwards to across the WAN (None: the app is local)."""
     description: str
+    port: int = 443
+    """The HTTPS port the terminator listens on (the ``nginx`` edge shares the
+    edge host with geoedge's)."""
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -85,6 +97,13 @@ SCENARIOS: dict[str, Scenario] = {
     ),
     "edge": Scenario(
         "edge", "edge", "origin", "geoedge edge near the user, tunnel to the origin balancer"
+    ),
+    "nginx": Scenario(
+        "nginx",
+        "edge",
+        "origin",
+        "nginx near the user, keep-alive TLS pool to HAProxy at the origin",
+        port=8443,
     ),
 }
 
@@ -110,6 +129,11 @@ class Measurement:
     """Client-link round trips the response bodies add by TCP slow start: a page's
     30 responses of ~1 KB (the sample app's ``/``) are ~30 KB on one h2
     connection, over the ten-segment (14.6 KB) initial window: one more round."""
+    cached: bool = False
+    """Its responses are stored at the edge already (``Cache-Control: public``,
+    loaded once before): through the edge a request costs the user's round
+    trip alone. HAProxy at the origin site caches nothing: there the floor is
+    the usual one."""
 
     @property
     def new_connection(self) -> bool:
@@ -160,6 +184,28 @@ MEASUREMENTS: dict[str, Measurement] = {
             "/",
             "http/1.1",
             rounds=5,
+        ),
+        # The edge's cache (issue 30): a second user's first view of a page
+        # another user loaded, and the same page stale under stale-while-revalidate.
+        Measurement(
+            "page30_cached_tls13",
+            "page of 30 cacheable GETs, 2nd user",
+            "page",
+            "1.3",
+            "/?max_age=60",
+            "h2",
+            slow_start_rounds=1,
+            cached=True,
+        ),
+        Measurement(
+            "page30_swr_tls13",
+            "page of 30 stale GETs (SWR)",
+            "page",
+            "1.3",
+            "/?max_age=1&swr=600",
+            "h2",
+            slow_start_rounds=1,
+            cached=True,
         ),
     )
 }
@@ -214,7 +260,10 @@ def floor_ms(measurement: Measurement, rtts: PathRtts) -> float:
         return rtts.request_ms
     handshakes = 1 + handshake_round_trips(measurement.tls)  # TCP, then TLS
     client_rounds = handshakes + measurement.slow_start_rounds
-    return client_rounds * rtts.client_ms + measurement.rounds * rtts.request_ms
+    request = rtts.request_ms
+    if measurement.cached and rtts.upstream_ms > 0:  # served by the edge's cache
+        request = rtts.client_ms
+    return client_rounds * rtts.client_ms + measurement.rounds * request
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -311,6 +360,10 @@ server_name = "{origin}"
 cert = "{files.edge_cert}"
 key = "{files.edge_key}"
 ca = "{files.ca}"
+
+[cache]
+enabled = true
+shared_dir = "{Path(files.edge_access_log).parent / "cache-shared"}"
 """
 
 

@@ -1,8 +1,10 @@
 """The processes of both scenarios inside one emulated WAN, started and stopped by PID.
 
 ``app``: the Node.js sample app. ``origin``: HAProxy (the direct scenario's TLS
-terminator) and the origin balancer (the tunnel's far end), side by side as
-they would share a data centre. ``edge``: the geoedge edge. ``user``: the
+terminator, and the origin the nginx edge proxies to) and the origin balancer
+(the tunnel's far end), side by side as they would share a data centre.
+``edge``: the geoedge edge and the nginx edge (:mod:`loadtests.wan.nginx`) on
+ports of their own. ``user``: the
 measuring agent (:mod:`loadtests.wan.measure`) and locust. One private CA
 issues the users' server certificate (with the edge's and the origin's
 addresses as IP SANs, so one certificate serves both scenarios) and the tunnel's
@@ -32,6 +34,7 @@ from edge.config import MOZILLA_INTERMEDIATE_CIPHERS
 from geoedge import pki
 from loadtests.wan import report
 from loadtests.wan.emulator import WanEmulator
+from loadtests.wan.nginx import nginx_conf
 from loadtests.wan.scenarios import (
     APP_PORT,
     EDGE_ADMIN,
@@ -75,6 +78,7 @@ class Stack:
         *,
         edge_workers: int = 0,
         origin_workers: int = 0,
+        toml_extra: Mapping[str, str] | None = None,
     ) -> None:
         self.workdir = workdir
         self.logs = workdir / "logs"
@@ -82,11 +86,16 @@ class Stack:
         self.edge_workers = edge_workers
         self.origin_workers = origin_workers
         self.wan = WanEmulator(
-            congctl="cubic", sysctls={"edge": daemon_sysctls, "origin": daemon_sysctls}
+            congctl="cubic",
+            sysctls={"edge": daemon_sysctls, "origin": daemon_sysctls},
+            tag=os.environ.get("GEOEDGE_WAN_TAG"),  # e.g. a branch's own namespace names
         )
         self.procs: dict[str, subprocess.Popen[Any]] = {}
         self._log_files: list[IO[bytes]] = []
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+        #: TOML appended to the daemons' configurations ("edge", "origin"), to
+        #: compare a variant against the shipped defaults (an A/B run).
+        self.toml_extra: dict[str, str] = dict(toml_extra or {})
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -104,6 +113,7 @@ class Stack:
                                              str(self.workdir / "origin.toml")])  # fmt: skip
             self.wait("origin", f"http://{ORIGIN_ADMIN}/healthz", "origin")
             self._start_terminator("edge")
+            self._start_terminator("nginx")
             self._start(
                 "agent", "user", [sys.executable, "-m", "loadtests.wan.measure", "agent"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -152,12 +162,15 @@ class Stack:
     def _write_configs(self) -> None:
         addresses = {h: self.wan.address(h) for h in ("user", "edge", "origin", "app")}
         w = self.workdir
-        (w / "edge.toml").write_text(edge_toml(self.files, addresses, workers=self.edge_workers))
-        (w / "origin.toml").write_text(
-            origin_toml(self.files, addresses, workers=self.origin_workers)
-        )
+        edge = edge_toml(self.files, addresses, workers=self.edge_workers)
+        origin = origin_toml(self.files, addresses, workers=self.origin_workers)
+        (w / "edge.toml").write_text(edge + self.toml_extra.get("edge", ""))
+        (w / "origin.toml").write_text(origin + self.toml_extra.get("origin", ""))
         (w / "haproxy.cfg").write_text(
             haproxy_cfg(self.files, addresses, MOZILLA_INTERMEDIATE_CIPHERS)
+        )
+        (w / "nginx.conf").write_text(
+            nginx_conf(self.files, addresses, w, MOZILLA_INTERMEDIATE_CIPHERS)
         )
 
     def _start(self, name: str, host: str, argv: list[str], **kw: Any) -> subprocess.Popen[Any]:
@@ -206,12 +219,20 @@ class Stack:
 
     # ------------------------------------------------------------------ terminators
 
+    #: The process that terminates each scenario's TLS (what a restart stops).
+    TERMINATORS = {"direct": "haproxy", "edge": "edge", "nginx": "nginx"}
+
     def _start_terminator(self, scenario: str) -> None:
         if scenario == "direct":
             haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
             config = str(self.workdir / "haproxy.cfg")
             self._start("haproxy", "origin", [haproxy, "-db", "-f", config])
             self.wait("origin", f"tcp://{self.wan.address('origin')}:{HTTPS_PORT}", "haproxy")
+        elif scenario == "nginx":
+            nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+            self._start("nginx", "edge", [nginx, "-c", str(self.workdir / "nginx.conf")])
+            port = SCENARIOS["nginx"].port
+            self.wait("edge", f"tcp://{self.wan.address('edge')}:{port}", "nginx")
         else:
             argv = [sys.executable, "-m", "edge", "--config", str(self.workdir / "edge.toml")]
             self._start("edge", "edge", [*argv, "--log-format", "plain"])
@@ -219,8 +240,9 @@ class Stack:
 
     def restart(self, scenario: str) -> None:
         """Stop the scenario's TLS terminator by PID, start it, wait until it is ready
-        (the edge: its admin ``/healthz`` is 200, i.e. a tunnel is up)."""
-        self._stop("haproxy" if scenario == "direct" else "edge")
+        (the edge: its admin ``/healthz`` is 200, i.e. a tunnel is up; nginx and
+        HAProxy: their port accepts)."""
+        self._stop(self.TERMINATORS[scenario])
         self._start_terminator(scenario)
 
     # ------------------------------------------------------------------ clients
@@ -246,11 +268,12 @@ class Stack:
     def locust(self, scenario: str, results: Path, seconds: int, users: int) -> dict[str, Any]:
         """Run locust headless from the user namespace; its CSVs go to ``results``."""
         host = self.wan.address(SCENARIOS[scenario].terminator)
+        port = SCENARIOS[scenario].port
         prefix = results / f"locust_{scenario}"
         argv = [
             sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
             "-u", str(users), "-r", str(max(1, users // 2)), "-t", f"{seconds}s",
-            "--stop-timeout", "5", "--csv", str(prefix), "--host", f"https://{host}",
+            "--stop-timeout", "5", "--csv", str(prefix), "--host", f"https://{host}:{port}",
             "--only-summary", "--loglevel", "WARNING",
         ]  # fmt: skip
         env = {**self.env, "GEOEDGE_WAN_CA": self.files.ca}
@@ -281,6 +304,9 @@ class Stack:
             "haproxy": subprocess.run(
                 ["haproxy", "-v"], capture_output=True, text=True, check=False
             ).stdout.splitlines()[:1],
+            "nginx": subprocess.run(
+                ["nginx", "-v"], capture_output=True, text=True, check=False
+            ).stderr.splitlines()[:1],
         }
 
     def emulator_counters(self) -> dict[str, Any]:

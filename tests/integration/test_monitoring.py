@@ -33,7 +33,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_alert_rules_are_valid_and_their_tests_pass() -> None:
     checked = promtool("check", "rules", RULES.name)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 8 rules found" in checked.stdout
+    assert "SUCCESS: 13 rules found" in checked.stdout
     tested = promtool("test", "rules", "alerts.test.yml")
     assert tested.returncode == 0, tested.stdout + tested.stderr
     assert "SUCCESS" in tested.stdout
@@ -73,6 +73,7 @@ def declared_names() -> set[str]:
     from prometheus_client import REGISTRY, CollectorRegistry
 
     from edge.metrics import EdgeMetrics
+    from geoedge.cert_expiry import CertificateWatch
     from geoedge.metrics import ProcessMetrics
     from origin.metrics import ControlMetrics, WorkerMetrics
 
@@ -81,6 +82,9 @@ def declared_names() -> set[str]:
     registries = [REGISTRY, EdgeMetrics(CollectorRegistry()).registry]
     registries.append(WorkerMetrics(CollectorRegistry()).registry)
     registries.append(ControlMetrics(CollectorRegistry()).registry)
+    certificates = CollectorRegistry()
+    certificates.register(CertificateWatch([]))
+    registries.append(certificates)
     for registry in registries:
         for family in registry.collect():
             name = family.name

@@ -3,7 +3,8 @@ backends, origin, edge, WebSocket cycles and every kind of short connection,
 the sampler, the memory reports) and writes its report. It judges what a short
 run can: no connection failed, every class of both daemons is back to its
 warm-up count of live instances (counted before any collection), descriptors
-and tasks are back too. The RSS drift is for the full run."""
+and tasks are back too. The RSS drift is reported but judged only by the full
+run."""
 
 from __future__ import annotations
 
@@ -34,7 +35,13 @@ def test_quick_soak_gives_everything_back(tmp_path: Path) -> None:
         assert cycle["failed"] == 0, printed
         assert cycle["websockets_ok"] == result["settings"]["websockets"]
         assert cycle["short_ok"] == result["settings"]["short"]
-    assert result["passed"] == {"drift": True, "no_failures": True, "census": True}
+    # A quick run does not judge the RSS drift (None: not judged), but reports it
+    # as the full run computes it: the last cycle's idle RSS against the first's.
+    assert result["passed"] == {"drift": None, "no_failures": True, "census": True}
+    for name in ("edge", "origin"):
+        first, last = (cycles[i]["idle_rss_kib"][name] for i in (0, -1))
+        assert first > 0 and last > 0, cycles
+        assert result["drift_pct"][name] == round(100.0 * (last - first) / first, 2)
     for name in ("edge", "origin"):
         # Descriptors: the same after the last cycle as after the first; tasks
         # (from the memory reports: the gauge may be 10 s old) as after the warm-up.

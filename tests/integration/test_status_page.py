@@ -65,10 +65,15 @@ def test_the_edge_page_shows_its_tunnels_and_where_the_time_goes(
         page = until(phases)
         assert page is not None, "no request figures on the status page"
         assert fact(page, "state") == "serving"
-        ((origin, _, state, connections, _, rtt_now, *_, ttfb95, rate),) = table(page, "Tunnels")
+        ((origin, _, state, connections, _, rtt_now, *_, ttfb95, rate, resent),) = table(
+            page, "Tunnels"
+        )
         assert (origin, state) == ("origin-a", "up")
         assert int(connections) >= 1 and rtt_now.endswith("ms") and ttfb95.endswith("ms")
         assert rate.endswith("/s") and float(rate[:-2]) > 0
+        # Octets the tunnel sockets retransmitted, of those they sent (TCP_INFO): the
+        # requests went out, so there is a ratio, and loopback hardly loses any.
+        assert resent.endswith(" %") and float(resent[:-2]) < 5, resent
         assert any(row[0].startswith("TLS handshake (TLSv1.3)") for row in table(page, "Where"))
         assert table(page, "Workers"), "no worker rows"
 
@@ -108,8 +113,9 @@ def test_the_origin_page_shows_edges_and_backends(test_pki: PkiFiles, tmp_path: 
 
         page = until(edges_with_rtt)
         assert page, "no edge RTT on the origin's status page"
-        ((edge, connections, rtt),) = table(page, "Edges")
+        ((edge, connections, rtt, resent),) = table(page, "Edges")
         assert edge == "edge-1" and int(connections) >= 1 and rtt.endswith("ms")
+        assert resent.endswith(" %") and float(resent[:-2]) < 5, resent
         assert fact(page, "state") == "serving"
         assert table(page, "Workers"), "no worker rows"
         (backend_row,) = next(t for t in page["tables"] if t["title"] == "Backends")["rows"]

@@ -1,7 +1,8 @@
 """``python -m loadtests.wan.run --quick``: the whole WAN proof, a few samples of each.
 
 Real namespaces and the NFQUEUE delay router, the real Node.js app, HAProxy, the
-origin balancer, the edge, the measuring agent and locust. The samples must
+origin balancer, the edge, the nginx edge, the measuring agent and locust; one
+lossy phase (1% on the long links). The samples must
 respect physics (none below its floor: a missing handshake or a resumed session
 would show up there), the edge must win where handshakes dominate, the files
 must be written, and nothing may be left behind. Skipped where the emulator,
@@ -24,7 +25,7 @@ from loadtests.wan import netns
 from loadtests.wan.emulator import unsupported_reason
 from loadtests.wan.scenarios import MEASUREMENTS, SCENARIOS
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(420)
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = {"p50_ms", "p90_ms", "p99_ms", "floor_ms", "n"}
@@ -34,8 +35,9 @@ def skip_reason() -> str | None:
     reason = unsupported_reason()
     if reason is not None:
         return f"WAN emulator unavailable: {reason}"
-    if shutil.which("haproxy") is None:
-        return "haproxy not installed"
+    for tool in ("haproxy", "nginx"):
+        if shutil.which(tool) is None:
+            return f"{tool} not installed (make venv installs it)"
     if not (ROOT / "deploy" / "node-app" / "node_modules").is_dir():
         return "deploy/node-app/node_modules missing (make node)"
     for module in ("locust", "matplotlib", "websocket", "websockets"):
@@ -53,12 +55,13 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]
         pytest.skip(reason)
     out = tmp_path_factory.mktemp("wan")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "loadtests.wan.run", "--quick", "--results", str(out)],
+        [sys.executable, "-m", "loadtests.wan.run", "--quick", "--results", str(out),
+         "--loss-rates", "0.01"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        output, _ = proc.communicate(timeout=240)
+        output, _ = proc.communicate(timeout=400)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -80,6 +83,18 @@ def test_quick_run_writes_every_measurement_within_physics(
             assert row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
             # Propagation is a hard floor; the emulator only ever adds to it.
             assert min(row["samples_ms"]) >= row["floor_ms"] - 0.5, (scenario, key, row)
+    # The lossy phase measured what it says, every body whole (a short or wrong
+    # body is a failed sample), nothing below physics, the loss really applied.
+    phase = results["lossy"]["loss_1%"]
+    assert phase["loss"] == 0.01
+    assert {"new_small_tls13", "new_large_tls13", "ws_echo_tls13"} <= set(phase["measured"])
+    for scenario in SCENARIOS:
+        for key in phase["measured"]:
+            row = phase[scenario][key]
+            assert row["n"] >= 1 and row["failed"] == 0, (scenario, key, row)
+            assert min(row["samples_ms"]) >= row["floor_ms"] - 0.5, (scenario, key, row)
+    links = results["config"]["emulator"]["links"]
+    assert links["edge>origin"]["dropped_loss"] + links["origin>edge"]["dropped_loss"] > 0
     # Every Connection: close body arrived whole (a short one is a failed sample,
     # above), and the edge logged exactly the octets each client received.
     check = results["config"]["edge_access_log_check"]

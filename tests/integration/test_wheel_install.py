@@ -377,7 +377,7 @@ def test_generated_host_files_run_edge_origin_and_node(installed: Installed) -> 
         (home / "probe.py").write_text(CHAIN_PROBE)
         probe = subprocess.run(
             ["ip", "netns", "exec", ns, installed.bin("python"), str(home / "probe.py"),
-             "http://127.0.0.1:9100/healthz", "https://127.0.0.1/ip", str(etc / "pki" / "ca.pem"),
+             "http://127.0.0.1:7444/readyz", "https://127.0.0.1/ip", str(etc / "pki" / "ca.pem"),
              "60"],
             capture_output=True, text=True, timeout=120, env=installed.env,
         )  # fmt: skip

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge.h2_decoder import RequestHeadDecoder
+from tests.example_budget import examples
 
 _NAMES = [b":method", b":path", b":authority", b":scheme", b"cookie", b"user-agent",
           b"accept", b"x-custom", b"authorization", b"a" * 200]  # fmt: skip
@@ -39,7 +40,7 @@ def _outcome(decoder: hpack.Decoder, data: bytes) -> object:
         return type(exc).__name__ if isinstance(exc, hpack.OversizedHeaderListError) else "refused"
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.lists(_block, min_size=1, max_size=6), st.sampled_from([65536, 400]))
 def test_what_an_encoder_writes_decodes_the_same(blocks: list, max_list: int) -> None:
     encoder = hpack.Encoder()
@@ -56,7 +57,7 @@ def test_what_an_encoder_writes_decodes_the_same(blocks: list, max_list: int) ->
         assert ours.header_table_size == theirs.header_table_size
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(st.lists(st.binary(max_size=40), min_size=1, max_size=3), st.sampled_from([65536, 100]))
 def test_any_octets_are_refused_or_decoded_as_hpack_does(
     blocks: list[bytes], max_list: int

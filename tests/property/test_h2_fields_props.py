@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge.h2_fields import MalformedFields, check_request, check_trailers
+from tests.example_budget import examples
 
 Fields = list[tuple[bytes, bytes]]
 
@@ -108,13 +109,13 @@ def _we_refuse(check: Callable[[Sequence[tuple[bytes, bytes]]], object], fields:
     return False
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(st.one_of(_request_like(), st.lists(_field, max_size=8)))
 def test_requests_are_refused_exactly_when_h2_refuses_them(fields: Fields) -> None:
     assert _we_refuse(check_request, fields) == _h2_refuses(fields, trailer=False), fields
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(st.one_of(_request_like(), st.lists(_field, max_size=8)))
 def test_trailers_are_refused_exactly_when_h2_refuses_them(fields: Fields) -> None:
     assert _we_refuse(check_trailers, fields) == _h2_refuses(fields, trailer=True), fields

@@ -34,10 +34,11 @@ from edge.http1 import (
     ResponseReader,
     reusable_head,
 )
+from tests.example_budget import examples
 
 CLIENT_IP = "198.51.100.7"
 PROPERTY_SETTINGS = settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 
@@ -204,7 +205,7 @@ def test_request_events_do_not_depend_on_how_bytes_are_split(
     assert normalise_requests(pieces) == normalise_requests(whole)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(stream=request_streams)
 def test_request_byte_at_a_time_equals_one_feed(stream: list[tuple[bytes, bytes]]) -> None:
     data = b"".join(wire for wire, _ in stream)

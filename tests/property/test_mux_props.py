@@ -1,9 +1,11 @@
 """Properties of the multiplexer (STYLE.md §12), checked by hypothesis:
 
 - random interleavings of opens, sends, ends, resets and acknowledgements on
-  both sides, with the byte stream split anywhere (byte at a time too): every
-  byte arrives intact and in order on its stream, END_STREAM is seen exactly
-  once, no receive window is ever exceeded and the connection never fails;
+  both sides, and of CONTROL messages and their answers (PROTOCOL.md §5.14),
+  with the byte stream split anywhere (byte at a time too): every byte arrives
+  intact and in order on its stream, END_STREAM is seen exactly once, every
+  CONTROL message arrives once, in order, and its answer comes back once, no
+  receive window is ever exceeded and the connection never fails;
 - a slow reader keeps what is in flight within its window;
 - the frame reader frames the same whatever the split points;
 - the stream state table agrees with a two-flag model for every input sequence.
@@ -19,8 +21,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.example_budget import examples
 from tests.mux_pair import SessionPair, Side
-from tunnel.mux import ErrorCode, SessionConfig, StreamClosedError, StreamMetadata
+from tunnel.mux import (
+    ControlAcknowledged,
+    ControlKind,
+    ControlReceived,
+    ControlStatus,
+    ErrorCode,
+    SessionConfig,
+    StreamClosedError,
+    StreamMetadata,
+)
 from tunnel.mux.errors import MetadataError
 from tunnel.mux.reader import FrameReader
 from tunnel.mux.stream import TRANSITIONS, Stream, StreamInput, StreamState
@@ -41,7 +53,7 @@ SMALL = SessionConfig(
     stall_timeout_s=1e6,
 )
 PROPS = settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -62,6 +74,13 @@ ops = st.one_of(
     st.tuples(st.just("deliver"), sides, chunks),
     st.tuples(st.just("deliver"), sides, chunks),
     st.tuples(st.just("advance"), st.sampled_from([0.001, 0.01, 0.1, 0.3])),
+    st.tuples(
+        st.just("control"),
+        sides,
+        st.sampled_from([ControlKind.ECHO, 0x0100, 0x0201, 0xFFFF]),
+        st.integers(0, 300),
+    ),
+    st.tuples(st.just("answer"), sides, st.integers(0, 15), st.sampled_from(list(ControlStatus))),
 )
 
 
@@ -84,6 +103,12 @@ class Model:
     )
     acked: dict[str, dict[int, int]] = field(
         default_factory=lambda: {"client": defaultdict(int), "server": defaultdict(int)}
+    )
+    control_sent: dict[str, list[ControlReceived]] = field(
+        default_factory=lambda: {"client": [], "server": []}
+    )
+    answered: dict[str, dict[int, ControlAcknowledged]] = field(
+        default_factory=lambda: {"client": {}, "server": {}}
     )
 
 
@@ -124,6 +149,14 @@ def _apply(pair: SessionPair, model: Model, op: tuple) -> None:
         pair.advance(op[1])
         _check(pair)
         return
+    if kind == "control":
+        body = payload(op[2], op[3], op[3])
+        message_id = _side(pair, op[1]).session.send_control(op[2], body)
+        model.control_sent[op[1]].append(ControlReceived(op[2], message_id, body))
+        return
+    if kind == "answer":
+        _answer(pair, model, op[1], op[2], op[3])
+        return
     if not model.streams:
         return
     name, sid = op[1], model.streams[op[2] % len(model.streams)]
@@ -155,9 +188,26 @@ def _apply(pair: SessionPair, model: Model, op: tuple) -> None:
             model.acked[name][sid] += n
 
 
+def _answer(pair: SessionPair, model: Model, name: str, pick: int, status: ControlStatus) -> None:
+    """``name`` answers one of the CONTROL messages it received and has not answered."""
+    side = _side(pair, name)
+    waiting = [e for e in side.of_type(ControlReceived) if e.message_id not in model.answered[name]]
+    if not waiting:
+        return
+    message_id = waiting[pick % len(waiting)].message_id
+    reason = f"answer {message_id}" * (message_id % 3)
+    side.session.acknowledge_control(message_id, status, reason)
+    model.answered[name][message_id] = ControlAcknowledged(message_id, status, reason)
+
+
 def _settle(pair: SessionPair, model: Model) -> None:
-    """Read everything still unread, then let the pair run dry."""
+    """Answer and read everything still unanswered and unread, then let the
+    pair run dry."""
     pair.chunk = None
+    pair.pump()
+    for name in ("client", "server"):
+        for _ in range(len(_side(pair, name).of_type(ControlReceived))):
+            _answer(pair, model, name, 0, ControlStatus.APPLIED)
     for name in ("client", "server"):
         side = _side(pair, name)
         for sid, data in list(side.received.items()):
@@ -207,6 +257,11 @@ def test_every_byte_arrives_in_order_and_windows_hold(script: list[tuple]) -> No
         assert sid in opener_peer.opened or sid in model.reset_by[sender]
     for side in (pair.client, pair.server):
         assert set(side.resets.values()) <= {ErrorCode.CANCEL}
+    for sender, receiver in (("client", "server"), ("server", "client")):
+        assert _side(pair, receiver).of_type(ControlReceived) == model.control_sent[sender]
+        acknowledged = _side(pair, sender).of_type(ControlAcknowledged)
+        assert len(acknowledged) == len(model.control_sent[sender])  # one each
+        assert {a.message_id: a for a in acknowledged} == model.answered[receiver]
 
 
 @PROPS
@@ -264,7 +319,9 @@ def _transcript() -> bytes:
         sid = pair.client.session.open_stream(StreamMetadata(host=f"h{i}"))
         pair.client.session.send_data(sid, payload(sid, 0, 1500 * (i + 1)), end_stream=i == 1)
     pair.client.session.ping(pair.now)
+    pair.client.session.send_control(ControlKind.ECHO, b"hello")
     pair.client.session.reset_stream(5)
+    pair.client.session.send_control(0x0201, b'{"tag": "t"}')
     pair.pump()
     return bytes(log)
 
@@ -288,7 +345,7 @@ def test_the_reader_frames_the_same_whatever_the_split(cuts: list[int]) -> None:
     assert len(whole) > 10
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.sampled_from(list(StreamInput)), max_size=8))
 def test_the_state_table_matches_a_two_flag_model(inputs: list[StreamInput]) -> None:
     """OPEN/HALF_CLOSED/CLOSED is (local ended, remote ended); DATA is allowed
@@ -346,7 +403,7 @@ def _items(encoded: bytes) -> list[bytes]:
     return items
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(meta=_METADATA, seed=st.integers(0, 2**32 - 1), twice=st.booleans())
 def test_metadata_decodes_the_same_in_any_order(
     meta: StreamMetadata, seed: int, twice: bool

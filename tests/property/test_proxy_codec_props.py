@@ -22,8 +22,9 @@ from geoedge.proxy import (
     encode_v2,
     parse_proxy_header,
 )
+from tests.example_budget import examples
 
-PROPS = settings(max_examples=300, deadline=None)
+PROPS = settings(max_examples=examples(300), deadline=None)
 
 ports = st.integers(0, 65535)
 ipv4 = st.ip_addresses(v=4)

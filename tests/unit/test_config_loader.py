@@ -23,9 +23,12 @@ from geoedge.config import (
     load_config,
 )
 from geoedge.config_render import config_to_toml
+from tests.example_budget import examples
 from tunnel.mux.settings import SessionConfig
 
 Net = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+DEPLOY_EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "config" / "edge.example.toml"
 
 
 class Mode(enum.Enum):
@@ -522,7 +525,7 @@ class Values:
     keys: dict[str, bool]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     text=st.text(),
     number=st.floats(allow_nan=False),
@@ -534,3 +537,38 @@ def test_any_values_round_trip(
 ) -> None:
     values = Values(text, number, tuple(items), keys)
     assert config_from_mapping(tomllib.loads(config_to_toml(values)), Values) == values
+
+
+def test_a_renamed_key_still_loads_with_a_warning_naming_the_new_key_and_the_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One vocabulary: the edge's access log moved to [edge] access_log, as
+    the origin's is [origin] access_log. The old place keeps working."""
+    from edge.config import EdgeConfig
+    from geoedge.config_render import config_to_toml
+
+    new = load_config(DEPLOY_EXAMPLE, EdgeConfig)
+    old_text = (
+        DEPLOY_EXAMPLE.read_text()
+        .replace('access_log = "/var/log/geoedge/access.log"\n', "")
+        .replace("[http]\n", '[http]\naccess_log = "/var/log/geoedge/access.log"\n', 1)
+    )
+    path = tmp_path / "edge.toml"
+    path.write_text(old_text)
+    with caplog.at_level("WARNING", logger="geoedge.config"):
+        old = load_config(path, EdgeConfig)
+    assert old.edge.access_log == new.edge.access_log == "/var/log/geoedge/access.log"
+    [record] = [r for r in caplog.records if r.name == "geoedge.config"]
+    assert record.getMessage() == (
+        f"{path}: [http] access_log: deprecated: renamed to edge.access_log (move it there)"
+    )
+    # Both at once is an error naming the file, not a silent choice.
+    path.write_text(old_text.replace("[edge]\n", '[edge]\naccess_log = "-"\n', 1))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, EdgeConfig)
+    assert str(caught.value) == (
+        f"{path}: [http] access_log: renamed to edge.access_log: give only the new key"
+        " (both are set)"
+    )
+    # What is rendered (init, --defaults) uses the new name only.
+    assert "[http]\naccess_log" not in config_to_toml(new)

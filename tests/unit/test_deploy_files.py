@@ -30,7 +30,7 @@ import pytest
 
 from edge.config import EdgeConfig
 from edge.tls import CertificateStore
-from geoedge import cli, pki
+from geoedge import cli, pki, release
 from geoedge.config import config_from_mapping, load_config
 from geoedge.listening import bind_listener
 from origin.config import AdminConfig as OriginAdminConfig
@@ -45,6 +45,7 @@ from tunnel.aio.transport import (
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 EDGE_EXAMPLE = DEPLOY / "config" / "edge.example.toml"
+CACHE_EXAMPLE = DEPLOY / "config" / "cache.example.toml"
 EDGE_UNIT = DEPLOY / "systemd" / "geoedge-edge.service"
 ORIGIN_UNIT = DEPLOY / "systemd" / "geoedge-origin.service"
 NODE_UNIT = DEPLOY / "systemd" / "geoedge-node@.service"
@@ -56,9 +57,7 @@ CLOUD_INIT = {
 }
 RECORDS = DEPLOY / "dns" / "route53-latency-records.json"
 HEALTHCHECKS = DEPLOY / "dns" / "route53-healthchecks.json"
-README = DEPLOY / "README.md"
-#: Where the user data installs geoedge (the origin's unit runs it from there).
-VENV = "/opt/geoedge/venv"
+README = DEPLOY.parent / "docs" / "deployment.md"
 #: EC2's limit on user data, before base64 (the files are sent gzipped).
 USER_DATA_LIMIT_BYTES = 16 * 1024
 
@@ -117,10 +116,37 @@ def _schema_keys(
 
 
 def test_edge_example_writes_out_every_key() -> None:
-    """DESIGN principle 10: every default is written in the example config too."""
-    text = EDGE_EXAMPLE.read_text()
+    """DESIGN principle 10: every default is written in the example config too
+    (the cache's and the compressor's in cache.example.toml, appended to it)."""
+    text = EDGE_EXAMPLE.read_text() + "\n" + CACHE_EXAMPLE.read_text()
     commented = frozenset(re.findall(r"^# ([a-z_]+) = ", text, re.MULTILINE))
     assert _schema_keys(EdgeConfig, tomllib.loads(text), "", commented) == []
+
+
+def test_cache_example_appended_to_the_edge_example_loads_with_the_cache_on(
+    tmp_path: Path,
+) -> None:
+    """Issue 30's checks append cache.example.toml as it stands to a working config."""
+    both = tmp_path / "edge.toml"
+    both.write_text(EDGE_EXAMPLE.read_text() + "\n" + CACHE_EXAMPLE.read_text())
+    config = load_config(both, EdgeConfig)
+    assert config.cache.enabled and config.compression.enabled
+    # Every other value is the default, written out (one place for defaults).
+    defaults = {"enabled": True}
+    assert dataclasses.replace(config.cache, **defaults) == dataclasses.replace(
+        type(config.cache)(), **defaults
+    )
+    assert dataclasses.replace(config.compression, **defaults) == dataclasses.replace(
+        type(config.compression)(), **defaults
+    )
+
+
+def test_every_key_of_the_cache_example_is_commented() -> None:
+    lines = CACHE_EXAMPLE.read_text().splitlines()
+    for index, line in enumerate(lines):
+        if re.match(r"^[a-z_]+ = ", line):
+            above = lines[index - 1]
+            assert above.startswith("#"), f"{line!r} has no comment above it"
 
 
 def test_edge_example_loads_with_certificates_from_geoedge_pki(tmp_path: Path) -> None:
@@ -182,7 +208,7 @@ def test_edge_unit_runs_the_daemon_as_described() -> None:
     # The drain must finish (plus closing the tunnels) before systemd SIGKILLs.
     assert float(one(service, "TimeoutStopSec")) >= edge_example().edge.drain_timeout_s + 5
     # The access log is written where the unit allows writing.
-    access_log = Path(edge_example().http.access_log)
+    access_log = Path(edge_example().edge.access_log)
     assert access_log.is_relative_to(one(service, "ReadWritePaths"))
 
 
@@ -320,7 +346,7 @@ def test_unit_passes_systemd_analyze_verify(unit: Path, tmp_path: Path) -> None:
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
 
 
-#: The exposure ``systemd-analyze security`` gives each unit (deploy/README.md
+#: The exposure ``systemd-analyze security`` gives each unit (docs/deployment.md
 #: records them); a change that loosens a unit must say so here.
 SECURITY_EXPOSURE = {EDGE_UNIT.name: 1.5, ORIGIN_UNIT.name: 1.1, NODE_UNIT.name: 1.2}
 
@@ -509,28 +535,33 @@ def test_user_data_config_loads_and_its_files_are_written(
     needed = [v for v in _paths_in(config) if v.suffix == ".pem"]
     assert needed and all(str(p) in files for p in needed), needed
     commands = runcmd_lines(data)
-    assert f"python3 -m venv {VENV}" in commands
     # The release is a variable set in one place, a wheel URL.
     [env] = [line for line in files["/etc/geoedge/install.env"]["content"].splitlines()]
     name, _, url = env.partition("=")
     assert name == "GEOEDGE_WHEEL_URL" and re.fullmatch(r"https://\S+\.whl", url), env
-    install = (
-        f"sh -c . /etc/geoedge/install.env && {VENV}/bin/pip install --no-cache-dir "
-        '"$GEOEDGE_WHEEL_URL"'
-    )
-    assert install in commands
-    assert commands.index(install) > commands.index(f"python3 -m venv {VENV}")
+    # The one install path: the wheel's release tool, its lock, the current link.
+    [install] = [c for c in commands if "geoedge.release install" in c]
+    assert install == install_step("edge"), "the same install step on every host"
+    check = subprocess.run(["bash", "-n"], input=install, capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    assert "amazon-ssm-agent" in install.split("geoedge.release")[0]  # shell access first
     enable_daemon = f"systemctl enable --now geoedge-{role}.socket geoedge-{role}.service"
     assert enable_daemon in commands
-    assert "pip install geoedge" not in CLOUD_INIT[role].read_text(), "no such package on PyPI"
+    assert commands.index(install) < commands.index(enable_daemon)
+    assert "pip install" not in CLOUD_INIT[role].read_text(), "installs go through geoedge.release"
 
-    # The unit runs the command from the venv, directly or through a symlink.
+    # The unit runs the command the release tool links through /opt/geoedge/current.
     unit_text = files[f"/etc/systemd/system/geoedge-{role}.service"]["content"]
     [exec_start] = parse_unit(unit_text)["Service"]["ExecStart"]
     binary, *args = exec_start.split()
     assert args == ["--config", path]
-    in_venv = f"{VENV}/bin/geoedge-{role}"
-    assert binary == in_venv or f"ln -sf {in_venv} {binary}" in commands, binary
+    assert Path(binary) == release.DEFAULT_BIN_DIR / f"geoedge-{role}"
+    assert f"geoedge-{role}" in release.COMMANDS and "--bin-dir /usr/local/bin" in install
+
+
+def install_step(role: str) -> str:
+    [install] = [c for c in runcmd_lines(load_user_data(role)) if "geoedge.release" in c]
+    return install
 
 
 def test_origin_user_data_runs_the_sample_app_as_its_backends() -> None:
@@ -614,7 +645,7 @@ def test_health_checks_are_create_requests() -> None:
     checks = json.loads(HEALTHCHECKS.read_text())["HealthChecks"]
     references = [c["CallerReference"] for c in checks.values()]
     assert len(set(references)) == len(references), "CallerReference must be unique"
-    admin_port = parse_host_port(edge_example().admin.address)[1]
+    readiness = edge_example().http.readiness_path
     for name, request in checks.items():
         assert set(request) == {"CallerReference", "HealthCheckConfig"}, name
         check = request["HealthCheckConfig"]
@@ -623,10 +654,9 @@ def test_health_checks_are_create_requests() -> None:
         assert check["RequestInterval"] in {10, 30} and 1 <= check["FailureThreshold"] <= 10
         if check["Type"] == "TCP":
             assert "ResourcePath" not in check, name
-        else:
-            assert check["ResourcePath"].startswith("/"), name
-        if check.get("Port") == admin_port:
-            assert check["ResourcePath"] == "/healthz", name
+        else:  # the edge's own answer, on a traffic port: readiness, not a backend's
+            assert check["ResourcePath"] == readiness, name
+            assert check["Port"] in {80, 443}, name
 
 
 # -------------------------------------------------------------------------- README
@@ -680,8 +710,12 @@ def test_readme_wireguard_snippet_fits_the_schemas() -> None:
 
 def test_readme_names_files_that_exist() -> None:
     text = README.read_text()
-    assert "loadtests/locustfile.py" in text
-    for name in re.findall(r"`((?:config|systemd|sysctl|cloud-init|dns|aws)/[\w.@-]+)`", text):
+    assert "loadtests/locustfile.py" in (DEPLOY.parent / "docs" / "operations.md").read_text()
+    names = re.findall(
+        r"`deploy/((?:config|systemd|sysctl|cloud-init|dns|aws|monitoring)/[\w.@-]+)`", text
+    )
+    assert len(names) > 10
+    for name in names:
         if DEPLOY / name == ORIGIN_UNIT or name == "config/origin.example.toml":
             continue  # another engineer's files, checked by their tests
         assert (DEPLOY / name).exists(), name

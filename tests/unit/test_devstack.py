@@ -47,7 +47,7 @@ def test_edge_toml_with_every_table_loads(keys: devstack.DevPki, tmp_path: Path)
     )
     assert config.listeners[0].address == "127.0.0.1:8443"
     assert config.admin.address == "127.0.0.1:9100"
-    assert config.http.access_log == str(tmp_path / "access.log")
+    assert config.edge.access_log == str(tmp_path / "access.log")
     assert config.limits.max_connections == 1000
     assert config.limits.max_connections_per_client_ip == 100
     assert config.tunnel.ping_interval_s == 0.5
@@ -70,7 +70,7 @@ def test_edge_toml_with_defaults_loads(keys: devstack.DevPki, tmp_path: Path) ->
         )
     )
     config = load_config(path, EdgeConfig)
-    assert config.http.access_log == ""
+    assert config.edge.access_log == ""
     assert config.edge.drain_timeout_s == 5.0
 
 

@@ -175,6 +175,29 @@ def test_a_get_reset_before_any_response_is_replayed_once() -> None:
     assert (record.status, record.outcome, record.retried) == (502, "upstream_reset", True)
 
 
+def test_a_get_refused_by_an_origin_going_away_waits_for_its_next_tunnel() -> None:
+    """An origin restarting refuses the streams it got after it stopped
+    accepting (REFUSED_STREAM) and no other tunnel is up yet: the replay waits
+    for one, as a new request would, instead of answering 502 at once."""
+
+    async def main() -> None:
+        client, transport, services = connect()
+        client.data_received(get("/ip"))
+        services.tunnel_up = False  # its GOAWAY took the only origin's tunnels away
+        services.streams[0].reset(ErrorCode.REFUSED_STREAM)
+        assert len(services.streams) == 1 and services.waiters  # waiting, not answered
+        assert transport.take() == b""
+        services.bring_tunnel_up()
+        assert len(services.streams) == 2
+        assert services.streams[1].sent.startswith(b"GET /ip HTTP/1.1\r\n")
+        services.streams[1].respond(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        assert transport.take().startswith(b"HTTP/1.1 200 ")
+        ((record, _),) = services.logged
+        assert (record.status, record.retried) == (200, True)
+
+    run_async(main(), 5)
+
+
 def test_a_post_reset_before_any_response_gets_a_502_not_a_replay() -> None:
     client, transport, services = connect()
     client.data_received(b"POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhi")

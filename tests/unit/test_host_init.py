@@ -4,9 +4,12 @@ and that say everything (every key of the schema, with its docstring)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import re
+import shutil
 import stat
+import subprocess
 import tomllib
 import typing
 from pathlib import Path
@@ -141,6 +144,41 @@ def test_init_origin_admits_the_edges_and_balances_the_sample_backends(
     assert files["/etc/geoedge/origin.toml"]["content"] == (tmp_path / "origin.toml").read_text()
 
 
+def test_init_with_acme_writes_edges_that_take_certificates_from_the_origin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--acme`` (edge) and ``--acme-domain`` (origin): the configs the
+    CloudFormation path renders when its ServerCertificates parameter is acme."""
+    status, _, err = run(["init", "edge", "--out", str(tmp_path / "e"), "--acme"], capsys)
+    assert status == 0, err
+    edge = load_config(tmp_path / "e" / "edge.toml", EdgeConfig)
+    assert edge.acme.enabled and edge.tls.certificates == ()
+    # The store is the unit's StateDirectory, and the unit beside it says so.
+    unit = (tmp_path / "e" / "geoedge-edge.service").read_text()
+    assert str(edge.acme.store_dir) == "/var/lib/" + re.findall(r"StateDirectory=(.+)", unit)[0]
+
+    argv = ["init", "origin", "--out", str(tmp_path / "o"), "--acme-domain", "app.example.com"]
+    argv += ["--acme-domain", "*.app.example.com", "--acme-contact", "ops@example.com"]
+    status, _, err = run(argv, capsys)
+    assert status == 1 and "--acme-agree-terms" in err  # no account without the terms
+    status, _, err = run([*argv, "--acme-agree-terms"], capsys)
+    assert status == 0, err
+    origin = load_config(tmp_path / "o" / "origin.toml", OriginConfig)
+    assert origin.acme is not None
+    assert origin.acme.staging and origin.acme.directory.startswith("https://acme-staging-v02.")
+    assert origin.acme.contact == ("mailto:ops@example.com",)
+    [certificate] = origin.acme.certificates
+    assert certificate.domains == ("app.example.com", "*.app.example.com")
+    assert origin.acme.dns is not None and origin.acme.dns.provider == "route53"  # the wildcard
+    unit = (tmp_path / "o" / "geoedge-origin.service").read_text()
+    state = "/var/lib/" + re.findall(r"StateDirectory=(.+)", unit)[0]
+    assert str(origin.acme.state_dir) == state
+    status, _, err = run([*argv, "--acme-agree-terms", "--acme-production", "--force"], capsys)
+    assert status == 0, err
+    production = load_config(tmp_path / "o" / "origin.toml", OriginConfig)
+    assert production.acme is not None and not production.acme.staging
+
+
 def test_init_node_writes_the_template_and_the_app_without_modules(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -205,11 +243,82 @@ def test_config_defaults_prints_every_key_of_the_schema(
     assert status == 0
     # Uncommenting nothing, it is valid TOML; its values are the schema's defaults.
     data = tomllib.loads(out)
-    for name, f in schema.__dataclass_fields__.items():
+    for f in dataclasses.fields(schema):
+        name = f.name
         assert re.search(rf"^(# )?(\[+)?{name}\b", out, flags=re.MULTILINE), name
         if name in data and not isinstance(data[name], dict | list):
             assert data[name] == f.default
     assert f"Every key of {role}.toml" in out
+
+
+def schema_key_paths(schema: type, path: str = "") -> set[str]:
+    """Every key of ``schema`` as ``table.sub.key`` (arrays of tables without
+    an index): the whole schema, walked."""
+    from geoedge.config_render import _array_item_schema, _table_schema
+
+    hints = typing.get_type_hints(schema)
+    keys: set[str] = set()
+    for f in dataclasses.fields(schema):
+        tp = hints[f.name]
+        nested = _table_schema(tp) or _array_item_schema(tp)
+        if nested is not None:
+            keys |= schema_key_paths(nested, f"{path}{f.name}.")
+        else:
+            keys.add(f"{path}{f.name}")
+    return keys
+
+
+_HEADER = re.compile(r"^(?:# )?\[\[?([A-Za-z0-9_.]+)\]\]?$")
+_KEY = re.compile(r"^(?:# )?([a-z][a-z0-9_]*) = ")
+
+
+def printed_key_paths(text: str) -> set[str]:
+    """Every key ``config --defaults`` prints, set or commented, under its table."""
+    keys: set[str] = set()
+    table = ""
+    for line in text.splitlines():
+        if header := _HEADER.match(line):
+            table = header.group(1) + "."
+        elif key := _KEY.match(line):
+            keys.add(table + key.group(1))
+    return keys
+
+
+def uncommented(text: str) -> str:
+    """The defaults with their example tables and example values switched on
+    (``# e.g. key = value`` in place of the default line before it)."""
+    out: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("# e.g. "):
+            key = _KEY.match(line[len("# e.g. ") :])
+            assert key is not None and out[-1].startswith(key.group(1) + " = "), line
+            out[-1] = line[len("# e.g. ") :]
+            continue
+        if line.startswith("# ") and (_HEADER.match(line) or _KEY.match(line)):
+            if "(not set)" in line or re.search(r"=\s+\(required", line):
+                continue
+            line = re.sub(r"  \((required: [^)]*|not set by default)\)$", "", line[2:])
+        out.append(line)
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize(("role", "schema"), [("edge", EdgeConfig), ("origin", OriginConfig)])
+def test_config_defaults_prints_every_table_and_key_the_schema_has(
+    role: str, schema: type, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Arrays of tables ([[origins]], [[tls.certificates]], [[pools]] and their
+    sub-tables) and optional tables ([redirect], [pools.dns]) included, as one
+    commented example entry each; uncommented, the example is a valid config."""
+    status, out, _ = run(["config", "--defaults", role], capsys)
+    assert status == 0
+    assert printed_key_paths(out) == schema_key_paths(schema)
+    for table in {"edge": ["[[origins]]", "[[tls.certificates]]", "[origins.tunnel]",
+                           "[redirect]"],
+                  "origin": ["[[pools]]", "[[pools.backends]]", "[pools.health]",
+                             "[pools.dns]", "[pools.passive]"]}[role]:  # fmt: skip
+        assert f"\n# {table}\n" in out or f"\n{table}\n" in out, table
+    example = config_from_mapping(tomllib.loads(uncommented(out)), schema, source=role)
+    assert example is not None
 
 
 def test_config_defaults_of_a_section_load_back_equal() -> None:
@@ -221,3 +330,50 @@ def test_config_defaults_of_a_section_load_back_equal() -> None:
     section = "[http]\n" + text.split("\n[http]\n", 1)[1].split("\n[tunnel]\n", 1)[0]
     parsed = tomllib.loads(section)["http"]
     assert config_from_mapping(parsed, HttpConfig) == HttpConfig()
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool: make test installs it")
+@pytest.mark.parametrize(("role", "port"), [("edge", 7444), ("origin", 7445)])
+def test_init_metrics_writes_an_agent_config_prometheus_accepts(
+    role: str, port: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, _, err = run(
+        ["init", "metrics", "--out", str(tmp_path), "--role", role, "--instance", "x-i-0abc",
+         "--region", "ap-northeast-1", "--workspace", "ws-0123", "--workspace-region",
+         "eu-west-1"],
+        capsys,
+    )  # fmt: skip
+    assert status == 0, err
+    config = tmp_path / "prometheus-agent.yml"
+    check = subprocess.run(
+        ["promtool", "check", "config", "--agent", str(config)], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    data = yaml.safe_load(config.read_text())
+    [geoedge] = [job for job in data["scrape_configs"] if job["job_name"] == "geoedge"]
+    # It scrapes the address the daemon's admin listens on by default.
+    assert geoedge["static_configs"][0]["targets"] == [f"127.0.0.1:{port}"]
+    assert {r["replacement"] for r in geoedge["relabel_configs"]} == {"x-i-0abc"}
+    [write] = data["remote_write"]
+    assert write["url"].startswith("https://aps-workspaces.eu-west-1.amazonaws.com/")
+    assert "ws-0123" in write["url"] and write["sigv4"] == {"region": "eu-west-1"}
+    assert "GEOEDGE_" not in config.read_text().split("global:", 1)[1]
+    assert "--enable-feature=agent" in (tmp_path / "prometheus.default").read_text()
+
+
+def test_the_configuration_reference_in_docs_is_generated_and_current(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/configuration.md is what ``geoedge config --reference`` prints
+    (``make docs``), and it names every key of both schemas."""
+    status, out, _ = run(["config", "--reference"], capsys)
+    assert status == 0
+    committed = (DEPLOY.parent / "docs" / "configuration.md").read_text()
+    assert committed == out, "docs/configuration.md is stale: run make docs"
+    for role, schema in (("edge", EdgeConfig), ("origin", OriginConfig)):
+        section = out.split(f"## {role}.toml", 1)[1].split("\n## ", 1)[0]
+        for key in schema_key_paths(schema):
+            table, _, name = key.rpartition(".")
+            assert re.search(
+                rf"### `\[\[?{re.escape(table)}\]\]?`\n(.|\n)*?\| `{name}` \|", section
+            ), key

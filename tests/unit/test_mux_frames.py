@@ -62,10 +62,10 @@ def u32(n: int) -> bytes:
 def test_wire_numbers_match_the_spec_tables() -> None:
     assert PREFACE == b"GEOEDGE\n"
     assert HEADER_SIZE == 10
-    assert [t.value for t in FrameType] == list(range(10))
+    assert [t.value for t in FrameType] == list(range(11))
     assert [t.name for t in FrameType] == [
         "HELLO", "SETTINGS", "OPEN", "DATA", "WINDOW_UPDATE", "RESET", "PING", "PONG", "GOAWAY",
-        "PADDING",
+        "PADDING", "CONTROL",
     ]  # fmt: skip
     assert Flag.END_STREAM == 0x1
     assert [c.value for c in ErrorCode] == list(range(17))

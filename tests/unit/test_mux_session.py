@@ -757,7 +757,7 @@ def test_a_silent_peer_is_declared_dead_after_the_ping_timeout() -> None:
 
 
 def test_a_peer_that_never_sends_hello_times_out() -> None:
-    session = Session(SessionConfig(), client=True, now=0.0)
+    session = Session(SessionConfig(ping_timeout_s=6.0), client=True, now=0.0)
     session.receive_data(b"GEOEDGE\n", 1.0)  # the preface, then nothing
     assert session.handle_timer(6.9) == []
     assert session.handle_timer(7.0)[-1].error_code == ErrorCode.TIMEOUT
@@ -829,3 +829,36 @@ def test_stalled_streams_spend_the_budget_too() -> None:
 def test_config_rejects_inconsistent_values(changes: dict) -> None:
     with pytest.raises(ValueError):
         SessionConfig(**changes)
+
+
+def test_statistics_count_the_time_streams_waited_for_credit() -> None:
+    pair, sid, _ = _stalled_pair()
+    before = pair.client.session.statistics()
+    assert before.stream_credit_stalls == 1 and before.stream_credit_wait_s == 0.0
+    for _ in range(2):  # 4 s without credit
+        pair.advance(2.0)
+        pair.pump()
+    pair.server.session.acknowledge_received_data(sid, 256 * 1024, pair.now)
+    pair.pump()
+    after = pair.client.session.statistics()
+    assert after.stream_credit_wait_s == pytest.approx(4.0)
+    # The credit the server granted is counted on its side, stream and connection.
+    granted = pair.server.session.statistics()
+    assert granted.stream_credit_sent >= 256 * 1024
+    assert granted.connection_window_wait_s == 0.0
+
+
+def test_statistics_count_the_time_data_waited_for_the_connection_window() -> None:
+    config = SessionConfig(initial_connection_window_bytes=128 * 1024)
+    pair = SessionPair(config, config).establish()
+    pair.server.auto_ack = False
+    sid = pair.client.session.open_stream(META)
+    pair.client.session.send_data(sid, b"c" * (512 * 1024))
+    pair.pump()
+    assert len(pair.server.received[sid]) < 512 * 1024  # the connection window held it
+    pair.advance(1.5)
+    pair.server.session.acknowledge_received_data(sid, len(pair.server.received[sid]), pair.now)
+    pair.pump()
+    stats = pair.client.session.statistics()
+    assert stats.connection_window_wait_s == pytest.approx(1.5)
+    assert pair.server.session.statistics().connection_credit_sent > 0

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from origin.balancer import BackendPool, effective_weight
 from origin.snapshot import BackendSpec, PoolSnapshot
+from tests.example_budget import examples
 
 ALGORITHMS = ["least_connections", "round_robin", "weighted", "consistent_hash"]
 
@@ -23,7 +24,7 @@ def build(weights: list[int], algorithm: str, cap: int = 0) -> BackendPool:
     )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     weights=weights_st,
     algorithm=st.sampled_from(ALGORITHMS),
@@ -55,7 +56,7 @@ def test_choice_is_available_or_none_only_when_none_is(
         assert choice in available
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(weights=weights_st, rounds=st.integers(1, 5))
 def test_smooth_weighted_gives_exact_shares_per_cycle(weights: list[int], rounds: int) -> None:
     pool = build(weights, "weighted")
@@ -65,7 +66,7 @@ def test_smooth_weighted_gives_exact_shares_per_cycle(weights: list[int], rounds
         assert counts[backend.address] == weight * rounds
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(weights=weights_st)
 def test_smooth_weighted_never_bunches_beyond_the_weight(weights: list[int]) -> None:
     """Within one cycle no backend is picked more than its weight times."""
@@ -75,7 +76,7 @@ def test_smooth_weighted_never_bunches_beyond_the_weight(weights: list[int]) -> 
         assert sequence.count(backend.address) == weight
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(weights=weights_st, streams=st.integers(1, 60))
 def test_least_connections_keeps_load_within_one_stream_of_fair(
     weights: list[int], streams: int
@@ -88,7 +89,7 @@ def test_least_connections_keeps_load_within_one_stream_of_fair(
     assert max(counts) - min(counts) <= 1
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(
     weights=st.lists(st.integers(1, 3), min_size=2, max_size=6),
     gone=st.integers(0, 5),
@@ -109,7 +110,7 @@ def test_consistent_hash_remaps_only_keys_of_the_removed_backend(
             assert after is not victim and after is not None
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     weight=st.integers(1, 1000),
     slow=st.floats(0.1, 100.0),

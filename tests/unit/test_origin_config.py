@@ -63,7 +63,7 @@ def test_minimal_config_and_defaults(tmp_path: Path) -> None:
     (web,) = config.pools
     assert web.connect_retries == 2 and web.proxy_protocol == "off" and web.health is None
     assert config.origin.workers == 0
-    assert config.admin.address == "127.0.0.1:9901"
+    assert config.admin.address == "127.0.0.1:7445"
 
 
 def test_rendered_config_loads_back_equal(tmp_path: Path) -> None:

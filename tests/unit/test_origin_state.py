@@ -116,3 +116,19 @@ def test_reload_keeps_what_stays_and_drops_what_goes() -> None:
     state.reload(config(web("10.0.0.1:80", health=None)), now=6.0)
     assert backends(state) == {"10.0.0.1:80": (True, False, 6.0)}
     assert state.check_targets() == {}
+
+
+def test_a_cap_per_host_is_shared_among_the_workers() -> None:
+    """max_connections_per_backend is the host's: four workers enforce a
+    quarter each (rounded up), one worker all of it, and no cap stays none."""
+    from origin.config import OriginSection
+
+    capped = web("10.0.0.1:80", max_connections_per_backend=10)
+    for workers, share in ((1, 10), (4, 3), (16, 1)):
+        state = ControlState(
+            replace(config(capped), origin=OriginSection(workers=workers)), now=0.0
+        )
+        [snapshot] = state.snapshots()
+        assert snapshot.max_connections_per_backend == share, workers
+    state = ControlState(replace(config(web("10.0.0.1:80")), origin=OriginSection(workers=4)), 0.0)
+    assert state.snapshots()[0].max_connections_per_backend == 0

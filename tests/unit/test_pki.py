@@ -437,3 +437,37 @@ def test_cli_pki_reports_errors_with_status_1(
     assert "'a_b' is neither an IP address nor a DNS name" in capsys.readouterr().err
     assert cli.main(["pki", "peer", "--dir", str(tmp_path), "--role", "admin", "--id", "x"]) == 2
     assert "invalid choice: 'admin'" in capsys.readouterr().err
+
+
+def test_renew_issues_the_same_identity_and_names_with_a_new_key_and_lifetime(
+    ca: pki.CertificateAuthority, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = pki.issue_peer_cert(
+        ca, tmp_path, "origin", "dublin-1", role="origin", dns_names=["origin.example.com"],
+        days=10,
+    )  # fmt: skip
+    old_cert = pki.load_certificate(old.cert)
+    old_key = old.key.read_bytes()
+    status = cli.main(["pki", "renew", "--dir", str(ca.paths.cert.parent), str(old.cert)])
+    assert status == 0, capsys.readouterr().err
+    new_cert = pki.load_certificate(old.cert)
+    assert new_cert.serial_number != old_cert.serial_number
+    assert old.key.read_bytes() != old_key  # a new key, in the same file
+    assert stat.S_IMODE(old.key.stat().st_mode) == 0o600
+    name = pki.parse_peer_name(new_cert)
+    assert name is not None and (name.role, name.identity) == ("origin", "dublin-1")
+    san = new_cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["origin.example.com"]
+    lifetime = new_cert.not_valid_after_utc - new_cert.not_valid_before_utc
+    assert lifetime.days >= 825
+    # The new key and certificate belong together.
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(old.cert, old.key)
+
+
+def test_renew_refuses_a_certificate_that_is_not_a_tunnel_one(
+    ca: pki.CertificateAuthority, tmp_path: Path
+) -> None:
+    server = pki.issue_server_cert(ca, tmp_path, "server", ["app.example.com"])
+    with pytest.raises(pki.PkiError, match="not a tunnel certificate"):
+        pki.renew_peer_cert(ca, server.cert)

@@ -1,15 +1,17 @@
-"""The pure decisions: reconnect backoff, tunnel connection choice, origin choice."""
+"""The pure decisions: reconnect backoff, tunnel connection choice, origin
+choice, the pacing of CONTROL messages."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge.origins import RTT_SLACK, OriginCandidate, choose_origin
-from tunnel.policy import Backoff, choose_connection
+from tests.example_budget import examples
+from tunnel.policy import Backoff, Pacer, choose_connection
 
 
 @given(st.integers(min_value=0, max_value=200), st.integers(min_value=0, max_value=2**32))
@@ -62,3 +64,33 @@ def test_choose_origin_shares_between_close_origins_by_weight() -> None:
     assert 0.70 < share < 0.80  # weights 3:1
     unmeasured = OriginCandidate("c", True, None, 1)
     assert choose_origin([unmeasured], rng) == "c"
+
+
+def test_pacer_lets_a_burst_through_then_spaces_the_rest() -> None:
+    pacer = Pacer(50, 50)
+    assert [pacer.delay(10.0) for _ in range(50)] == [0.0] * 50
+    assert [round(pacer.delay(10.0), 6) for _ in range(3)] == [0.02, 0.04, 0.06]
+    assert pacer.delay(20.0) == 0.0  # idle long enough: the burst is back
+
+
+def test_a_steady_rate_at_the_pacers_rate_never_waits() -> None:
+    pacer = Pacer(50, 1)
+    assert all(pacer.delay(i / 50) < 1e-9 for i in range(1000))  # float rounding only
+
+
+@settings(max_examples=examples(200))
+@given(
+    st.lists(st.floats(0.0, 5.0), max_size=300).map(sorted),
+    st.sampled_from([(50.0, 50), (10.0, 1), (100.0, 5)]),
+)
+def test_no_window_of_a_second_holds_more_than_burst_plus_rate(
+    arrivals: list[float], shape: tuple[float, int]
+) -> None:
+    rate, burst = shape
+    pacer = Pacer(rate, burst)
+    sends = [now + pacer.delay(now) for now in arrivals]
+    assert sends == sorted(sends)  # in arrival order
+    assert all(send >= now for send, now in zip(sends, arrivals, strict=True))
+    for i, start in enumerate(sends):
+        in_window = sum(1 for send in sends[i:] if send < start + 1.0 - 1e-9)
+        assert in_window <= burst + rate

@@ -27,7 +27,7 @@ SPEC = "PROTOCOL.md"
 NOTES = "IMPLEMENTATION.md"
 PACKAGES = ("tunnel", "edge", "origin", "geoedge")
 #: Repository docs outside the packages that cite the protocol.
-DOCS = ("README.md", "deploy/README.md", "deploy/config/*.toml")
+DOCS = ("README.md", "docs/*.md", "deploy/config/*.toml")
 
 _HEADING = re.compile(r"^#{2,4} (N?\d+(?:\.\d+)*)\.? ", re.MULTILINE)
 _SECTION = re.compile(r"§(N?\d+(?:\.\d+)*)")
@@ -159,7 +159,7 @@ def test_every_section_the_code_and_docs_cite_exists() -> None:
         for name, (text, bare) in files.items()
         if citations(text, bare_means_spec=bare)
     }
-    assert {"tunnel", "edge", "origin", "README.md"} <= citing, "no citations found"
+    assert {"tunnel", "edge", "origin", "docs"} <= citing, "no citations found"
     assert broken_citations(files, spec, notes) == {}
 
 

@@ -23,6 +23,7 @@ KEYS = {
     "keepalive_small", "ws_open_tls13", "ws_echo_tls13", "burst20_small_tls13",
     "first_burst20_small_tls13", "loss1_small_tls13",
     "first_large_tls13", "page30_tls13", "page30_h1_tls13",
+    "page30_cached_tls13", "page30_swr_tls13",  # the edge's cache (issue 30)
 }  # fmt: skip
 
 
@@ -88,6 +89,14 @@ def test_a_page_over_six_http1_connections_pays_five_request_round_trips() -> No
     assert direct["page30_h1_tls13"] == pytest.approx(2 * 265 + 5 * 265.5)
     # One h2 connection through the edge against six HTTP/1.1 ones direct.
     assert direct["page30_h1_tls13"] / edge["page30_tls13"] > 6
+
+
+def test_a_cached_page_through_the_edge_pays_the_user_s_round_trips_alone() -> None:
+    direct, edge = floors("direct", delays()), floors("edge", delays())
+    # TCP, TLS 1.3, the requests and one round of slow start: all on the short link.
+    assert edge["page30_cached_tls13"] == pytest.approx(4 * 10)
+    assert edge["page30_swr_tls13"] == edge["page30_cached_tls13"]
+    assert direct["page30_cached_tls13"] == direct["page30_tls13"]  # HAProxy caches nothing
 
 
 def test_the_floor_ratio_beats_the_seed_only_where_handshakes_are_involved() -> None:

@@ -11,7 +11,9 @@ single ``writelines``, re-arm the one timer. No ``await`` in a dispatch step.
   :class:`~tunnel.aio.stream.TunnelStream` calls to send;
 - :class:`~tunnel.aio.read_pacing.ReadPacer`: when the transport reads;
 - :class:`~tunnel.aio.warmup.CongestionWarmUp`: padding that grows a new
-  TCP connection's congestion window.
+  TCP connection's congestion window;
+- :class:`~tunnel.aio.control.ControlChannel`: CONTROL messages sent and
+  answered (PROTOCOL.md §5.14).
 """
 
 from __future__ import annotations
@@ -20,17 +22,22 @@ import asyncio
 import logging
 import socket
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from tunnel.aio.connection_writer import ConnectionWriter, session_clock
+from tunnel.aio.control import ControlChannel, ControlHandler, ControlReply
 from tunnel.aio.errors import PeerRefused, StreamOpenError
 from tunnel.aio.read_pacing import ReadPacer
 from tunnel.aio.stream import TunnelStream
+from tunnel.aio.tcp_info import TcpInfo, read_tcp_info
+from tunnel.aio.trace import ConnectionTrace, trace_interval_s
 from tunnel.aio.warmup import CongestionWarmUp
 from tunnel.mux import (
     ConnectionTerminated,
+    ControlAcknowledged,
+    ControlReceived,
     DataReceived,
     ErrorCode,
     GoAwayReceived,
@@ -54,6 +61,9 @@ NOTSENT_LOWAT_BYTES = 128 * 1024
 STREAM_HIGH_WATER = 256 * 1024
 STREAM_LOW_WATER = 64 * 1024
 
+#: Congestion controls the kernel refused, said once per process (not per socket).
+_UNAVAILABLE_CONGESTION_CONTROL: set[str] = set()
+
 StreamAcceptor = Callable[[TunnelStream], asyncio.BaseProtocol | None]
 
 
@@ -71,8 +81,9 @@ class ConnectionInfo:
 Authorizer = Callable[[asyncio.Transport], ConnectionInfo]
 
 
-def tune_socket(sock: socket.socket | None) -> None:
-    """TCP_NODELAY (frames are already coalesced) and TCP_NOTSENT_LOWAT."""
+def tune_socket(sock: socket.socket | None, congestion_control: str = "") -> None:
+    """TCP_NODELAY (frames are already coalesced), TCP_NOTSENT_LOWAT and, when
+    configured, the congestion control (``TCP_CONGESTION``)."""
     if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
         return
     try:
@@ -81,11 +92,25 @@ def tune_socket(sock: socket.socket | None) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, notsent_lowat, NOTSENT_LOWAT_BYTES)
     except OSError as exc:  # not fatal: only a tuning knob
         log.debug("socket tuning failed: %s", exc)
+    if congestion_control:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, congestion_control.encode())
+        except OSError as exc:  # the kernel lacks it (or forbids it): keep the default
+            if congestion_control not in _UNAVAILABLE_CONGESTION_CONTROL:
+                _UNAVAILABLE_CONGESTION_CONTROL.add(congestion_control)
+                log.warning(
+                    "tunnel sockets: congestion control %r unavailable (%s); they keep the"
+                    " host's default",
+                    congestion_control,
+                    exc.strerror or exc,
+                )
 
 
 class TunnelConnection(asyncio.Protocol):
     """One tunnel connection. ``on_stream`` is called for each stream the peer
-    opens and returns the protocol that will handle it (or None to refuse).
+    opens and returns the protocol that will handle it (or None to refuse);
+    ``control_handlers`` answer the peer's CONTROL messages by kind
+    (:mod:`tunnel.aio.control`).
 
     Owns the session and what it carries: feeding it (``data_received``,
     ``eof_received``, ``connection_lost``), dispatching its events (stream
@@ -111,6 +136,7 @@ class TunnelConnection(asyncio.Protocol):
         authorize: Authorizer,
         on_stream: StreamAcceptor | None = None,
         learned_window_hint: int = 0,
+        control_handlers: Mapping[int, ControlHandler] | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self.config = config
@@ -122,12 +148,16 @@ class TunnelConnection(asyncio.Protocol):
         self._on_stream = on_stream
         self._reading = ReadPacer(self._loop)
         self._writer = ConnectionWriter(self._loop, self.session, self._reading)
+        self._control = ControlChannel(
+            self._loop, self.session, self._writer, control_handlers or {}
+        )
         self._streams: dict[int, TunnelStream] = {}
         self.established: asyncio.Future[None] = self._loop.create_future()
         self.closed: asyncio.Future[ConnectionTerminated] = self._loop.create_future()
         self.goaway_received = False
         self._listeners: list[Callable[[TunnelConnection, object], None]] = []
         self.warm_up: CongestionWarmUp | None = None
+        self._trace: ConnectionTrace | None = None
 
     # -- asyncio.Protocol -----------------------------------------------------
 
@@ -143,7 +173,7 @@ class TunnelConnection(asyncio.Protocol):
                 self.established.set_exception(exc)
                 self.established.exception()
             return
-        tune_socket(transport.get_extra_info("socket"))
+        tune_socket(transport.get_extra_info("socket"), self.config.congestion_control)
         self._reading.attach(transport)
         self._writer.attach(transport, self._dispatch)
 
@@ -159,6 +189,8 @@ class TunnelConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.warm_up is not None:
             self.warm_up.stop()
+        if self._trace is not None:
+            self._trace.stop()
         reason = f"transport lost: {exc}" if exc else "transport closed"
         self._dispatch(self.session.connection_lost(reason))
         self._writer.detach()
@@ -213,6 +245,14 @@ class TunnelConnection(asyncio.Protocol):
         self._writer.schedule_flush()
         return stream
 
+    async def send_control(self, kind: int, body: bytes, timeout_s: float) -> ControlReply:
+        """Send a CONTROL message (PROTOCOL.md §5.14) and wait up to
+        ``timeout_s`` for the peer's answer. Raises
+        :class:`~tunnel.aio.errors.ControlTimeout` (no ACK in time: an older
+        peer never answers), :class:`~tunnel.aio.errors.ControlLost` (the
+        connection ended first) or :class:`~tunnel.aio.errors.ControlSendError`."""
+        return await self._control.send(kind, body, timeout_s)
+
     @property
     def can_open_stream(self) -> bool:
         return self._writer.transport is not None and self.session.can_open_stream
@@ -226,6 +266,11 @@ class TunnelConnection(asyncio.Protocol):
     @property
     def open_streams(self) -> int:
         return len(self._streams)
+
+    def tcp_info(self) -> TcpInfo | None:
+        """The kernel's view of this connection now (``TCP_INFO``), or None."""
+        transport = self._writer.transport
+        return None if transport is None else read_tcp_info(transport.get_extra_info("socket"))
 
     @property
     def srtt_s(self) -> float | None:
@@ -301,10 +346,19 @@ class TunnelConnection(asyncio.Protocol):
         protocol.connection_made(stream)
 
     def _on_connection_event(self, event: object) -> None:
+        if isinstance(event, ControlReceived):
+            self._control.on_received(event, self.info.peer_identity)
+            return
+        if isinstance(event, ControlAcknowledged):
+            self._control.on_acknowledged(event)
+            return
         if isinstance(event, SessionEstablished):
             if not self.established.done():
                 self.established.set_result(None)
             self.warm_up = CongestionWarmUp.start(self._writer, self.config)
+            interval = trace_interval_s()
+            if interval is not None:
+                self._trace = ConnectionTrace(self, interval)
         elif isinstance(event, GoAwayReceived):
             self.goaway_received = True
             log.info(
@@ -322,6 +376,7 @@ class TunnelConnection(asyncio.Protocol):
             listener(self, event)
 
     def _on_terminated(self, event: ConnectionTerminated) -> None:
+        self._control.close(event.error_code)
         level = logging.INFO if event.error_code == ErrorCode.NO_ERROR else logging.WARNING
         log.log(
             level,

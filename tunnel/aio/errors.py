@@ -12,6 +12,9 @@ from __future__ import annotations
 from tunnel.mux import ErrorCode
 
 __all__ = [
+    "ControlLost",
+    "ControlSendError",
+    "ControlTimeout",
     "NoTunnelAvailable",
     "PeerRefused",
     "StreamOpenError",
@@ -63,3 +66,23 @@ class PeerRefused(TunnelError):
     """Raised by an authorizer: the peer is not allowed (the reason is logged)."""
 
     code = ErrorCode.REFUSED_STREAM
+
+
+class ControlTimeout(TunnelError):
+    """No ACK of a CONTROL message in time (PROTOCOL.md §5.14): the peer may
+    predate CONTROL (it ignores the frame), be slow, or be gone. Whether the
+    message was applied is unknown."""
+
+    code = ErrorCode.TIMEOUT
+
+
+class ControlLost(TunnelError):
+    """The connection ended (or was not up) before a CONTROL message's ACK
+    came: whether it was applied is unknown. ``code`` is how it ended."""
+
+    code = ErrorCode.CANCEL
+
+
+class ControlSendError(TunnelError):
+    """A CONTROL message cannot go on this connection: a kind out of range, or
+    a body above the peer's MAX_FRAME_BYTES (less 6). Nothing was sent."""

@@ -97,8 +97,17 @@ class TunnelPool:
                     )
                 await asyncio.sleep(delay)
                 continue
-            if attempt:
-                log.info("tunnel %s slot %d: up after %d failed dials", self.name, slot, attempt)
+            # One line per connection that comes up: when a region's tunnel came
+            # back (or first came up) is the first thing an operator looks for.
+            info = connection.info
+            log.info(
+                "tunnel %s slot %d: up to %s at %s%s",
+                self.name,
+                slot,
+                info.peer_identity or "?",
+                f"{info.peer_address[0]}:{info.peer_address[1]}" if info.peer_address else "?",
+                f" after {attempt} failed dial(s)" if attempt else "",
+            )
             attempt = 0
             await self._hold(connection)
 

@@ -16,7 +16,7 @@ import logging
 import re
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -27,6 +27,7 @@ from tunnel.aio.connection import (
     StreamAcceptor,
     TunnelConnection,
 )
+from tunnel.aio.control import ControlHandler
 from tunnel.aio.errors import PeerRefused, TunnelHandshakeError
 from tunnel.aio.tls import tunnel_client_context, tunnel_server_context
 from tunnel.mux import SessionConfig
@@ -263,8 +264,11 @@ async def serve_tunnel(
     on_connection: Callable[[TunnelConnection], None] | None = None,
     sock: socket.socket | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    control_handlers: Mapping[int, ControlHandler] | None = None,
 ) -> asyncio.Server:
-    """Listen for edges. ``sock`` lets worker processes share one listening socket."""
+    """Listen for edges. ``sock`` lets worker processes share one listening
+    socket; ``control_handlers`` answer the edges' CONTROL messages
+    (:mod:`tunnel.aio.control`)."""
     loop = asyncio.get_running_loop()
     if config.transport == "tls":
         authorize: Authorizer = _TlsAuthorizer(frozenset(config.allowed_identities), "edge")
@@ -275,7 +279,11 @@ async def serve_tunnel(
 
     def factory() -> TunnelConnection:
         connection = TunnelConnection(
-            session_config, client=False, authorize=authorize, on_stream=on_stream
+            session_config,
+            client=False,
+            authorize=authorize,
+            on_stream=on_stream,
+            control_handlers=control_handlers,
         )
         if on_connection is not None:
             on_connection(connection)
@@ -303,8 +311,10 @@ async def dial_tunnel(
     on_stream: StreamAcceptor | None = None,
     ssl_context: ssl.SSLContext | None = None,
     learned_window_hint: int = 0,
+    control_handlers: Mapping[int, ControlHandler] | None = None,
 ) -> TunnelConnection:
-    """One connection attempt: connect, authenticate, wait for the peer's HELLO."""
+    """One connection attempt: connect, authenticate, wait for the peer's HELLO.
+    ``control_handlers`` answer the origin's CONTROL messages (:mod:`tunnel.aio.control`)."""
     loop = asyncio.get_running_loop()
     host, port = parse_host_port(config.address)
     if config.transport == "tls":
@@ -321,6 +331,7 @@ async def dial_tunnel(
             authorize=authorize,
             on_stream=on_stream,
             learned_window_hint=learned_window_hint,
+            control_handlers=control_handlers,
         )
 
     async with asyncio.timeout(config.connect_timeout_s):

@@ -17,7 +17,16 @@ kilobytes and never costs a short link anything:
   well under the ten initial segments, so nothing is sent;
 - padding stops once the kernel's congestion window (``TCP_INFO``) covers the
   target, after twice the target was sent, or after :data:`LIMIT_S` (a path
-  that does not grow);
+  that does not grow); and, under a loss-based congestion control (CUBIC,
+  Reno), at the first retransmission: each loss cuts such a window by 30%
+  and it then grows only while the connection is busy, so padding on through
+  loss only causes more cuts (measured on the emulated WAN at 0.1% loss: both
+  connections' warm-up gave up after 2.5 and 5 s at windows of 947 and 120
+  KiB, and the second stayed at 30-90 segments for the whole run, IMPLEMENTATION.md
+  §N12). BBR does not take random loss as congestion, so it pads on. (Padding
+  BBR on to twice the target, since its window is twice its bandwidth-delay
+  estimate, was tried: every connection gave up at 5 s with 1.0-3.4 MiB
+  windows, and the 768 KB p50 at no loss went from 433 to 523 ms);
 - a PADDING frame is written only while the session has nothing queued and
   the transport buffer is empty, and only while the socket holds less than a
   quarter of the current window unsent (``SIOCOUTQNSD``; at least one frame's
@@ -40,6 +49,7 @@ import socket
 import struct
 
 from tunnel.aio.connection_writer import ConnectionWriter
+from tunnel.aio.tcp_info import congestion_control, read_tcp_info
 from tunnel.mux import SessionConfig
 from tunnel.mux.constants import SettingId
 from tunnel.mux.frames import encode_padding
@@ -59,21 +69,19 @@ TICK_S = 0.002
 LIMIT_S = 5.0
 
 _SIOCOUTQNSD = 0x894B
-# struct tcp_info (linux/tcp.h): 8 octets of u8 fields, then u32s from rto on:
-# tcpi_snd_mss at 16, tcpi_rtt (us) at 68, tcpi_snd_cwnd (segments) at 80.
-_TCP_INFO = struct.Struct("=16xI48xI8xI")
 
 
 def tcp_facts(sock: socket.socket) -> tuple[int, float, int] | None:
     """(snd_mss, RTT in seconds, snd_cwnd in segments) from TCP_INFO, or None."""
-    try:
-        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
-    except OSError:
+    info = read_tcp_info(sock)
+    if info is None:
         return None
-    if len(raw) < _TCP_INFO.size:
-        return None
-    mss, rtt_us, cwnd = _TCP_INFO.unpack_from(raw)
-    return mss, rtt_us / 1e6, cwnd
+    return info.snd_mss, info.rtt_us / 1e6, info.snd_cwnd
+
+
+def loss_based(algorithm: str | None) -> bool:
+    """Whether ``algorithm`` takes a loss as congestion (all but the BBR family)."""
+    return not (algorithm or "").startswith("bbr")
 
 
 def unsent_bytes(fd: int) -> int:
@@ -104,8 +112,8 @@ class CongestionWarmUp:
     """
 
     __slots__ = (
-        "_deadline", "_fd", "_frame", "_loop", "_sock", "_started", "_timer", "_writer",
-        "sent", "target",
+        "_deadline", "_fd", "_frame", "_loop", "_retrans", "_sock", "_started", "_stop_at_loss",
+        "_timer", "_writer", "sent", "target",
     )  # fmt: skip
 
     @classmethod
@@ -143,12 +151,13 @@ class CongestionWarmUp:
         self._deadline = self._started + LIMIT_S
         self.sent = 0
         self.target = 0
-        facts = tcp_facts(sock)
-        if facts is None or cap_bytes <= 0:
+        self._stop_at_loss = loss_based(congestion_control(sock))
+        info = read_tcp_info(sock)
+        self._retrans = 0 if info is None else info.total_retrans
+        if info is None or cap_bytes <= 0:
             return
-        mss, rtt_s, cwnd = facts
-        self.target = warm_up_target(rtt_s, rate_bytes_per_s, cap_bytes)
-        if cwnd * mss < self.target:
+        self.target = warm_up_target(info.rtt_us / 1e6, rate_bytes_per_s, cap_bytes)
+        if info.cwnd_bytes < self.target:
             self._timer = self._loop.call_soon(self._tick)  # type: ignore[assignment]
 
     @property
@@ -189,12 +198,15 @@ class CongestionWarmUp:
 
     def _tick(self) -> None:
         self._timer = None
-        facts = tcp_facts(self._sock)
-        if facts is None:
+        info = read_tcp_info(self._sock)
+        if info is None:
             return
-        mss, rtt_s, cwnd = facts
+        mss, rtt_s, cwnd = info.snd_mss, info.rtt_us / 1e6, info.snd_cwnd
         if cwnd * mss >= self.target:
             self._done("window covers the target", cwnd * mss)
+            return
+        if self._stop_at_loss and info.total_retrans > self._retrans:
+            self._done("stopped at the first loss", cwnd * mss)
             return
         if self.sent >= 2 * self.target or self._loop.time() > self._deadline:
             self._done("gave up", cwnd * mss)

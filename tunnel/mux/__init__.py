@@ -6,8 +6,9 @@ or ssl (``tests/unit/test_mux_purity.py`` enforces it). Time is an argument
 aioquic.
 """
 
-from tunnel.mux.constants import ErrorCode, FrameType
+from tunnel.mux.constants import ControlKind, ControlStatus, ErrorCode, FrameType
 from tunnel.mux.errors import (
+    ControlError,
     FlowControlError,
     FrameSizeError,
     MuxError,
@@ -18,6 +19,8 @@ from tunnel.mux.errors import (
 )
 from tunnel.mux.events import (
     ConnectionTerminated,
+    ControlAcknowledged,
+    ControlReceived,
     DataReceived,
     Event,
     GoAwayReceived,
@@ -33,6 +36,11 @@ from tunnel.mux.settings import SessionConfig
 
 __all__ = [
     "ConnectionTerminated",
+    "ControlAcknowledged",
+    "ControlError",
+    "ControlKind",
+    "ControlReceived",
+    "ControlStatus",
     "DataReceived",
     "ErrorCode",
     "Event",

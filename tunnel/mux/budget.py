@@ -21,6 +21,7 @@ class Cost(enum.IntEnum):
     EMPTY_DATA = 1
     REFUSED_STREAM = 1
     RESET_BEFORE_DATA = 1
+    CONTROL = 1
     STALLED_STREAM = 5
     STREAM_ERROR = 10
 
@@ -36,12 +37,24 @@ class ErrorBudget:
         self.tokens = capacity
         self._last = now
 
-    def charge(self, cost: float, now: float) -> bool:
-        """Spend ``cost`` points; False once the budget is exhausted."""
+    def take(self, cost: float, now: float) -> bool:
+        """Spend ``cost`` points if the bucket holds them; False, and nothing
+        spent, if not (an allowance, unlike :meth:`charge`, never owes)."""
+        self._refill(now)
+        if self.tokens < cost:
+            return False
+        self.tokens -= cost
+        return True
+
+    def _refill(self, now: float) -> None:
         elapsed = now - self._last
         if elapsed > 0:
             self.tokens = min(self.capacity, self.tokens + elapsed * self.refill_per_s)
             self._last = now
+
+    def charge(self, cost: float, now: float) -> bool:
+        """Spend ``cost`` points; False once the budget is exhausted."""
+        self._refill(now)
         self.tokens -= cost
         return self.tokens >= 0
 

@@ -35,6 +35,13 @@ MAX_FRAME_BYTES_LIMIT = 16 * 1024 * 1024
 #: GOAWAY reason text is for logs; it is capped so a peer cannot make us store much.
 MAX_GOAWAY_REASON_BYTES = 256
 
+#: PROTOCOL.md §5.14: CONTROL's payload starts with Kind(16) Message Id(32).
+CONTROL_HEADER = struct.Struct(">HI")
+CONTROL_HEADER_SIZE = CONTROL_HEADER.size  # 6
+#: An ACK's body: Status(8), then a reason of at most this many octets (§5.14).
+MAX_CONTROL_REASON_BYTES = 256
+MAX_CONTROL_MESSAGE_ID = 2**32 - 1
+
 
 class FrameType(enum.IntEnum):
     """PROTOCOL.md §5."""
@@ -49,6 +56,7 @@ class FrameType(enum.IntEnum):
     PONG = 0x7
     GOAWAY = 0x8
     PADDING = 0x9
+    CONTROL = 0xA
 
 
 class Flag(enum.IntFlag):
@@ -89,6 +97,31 @@ class ErrorCode(enum.IntEnum):
 
 
 _ERROR_NAMES: dict[int, str] = {code.value: code.name for code in ErrorCode}
+
+
+class ControlKind(enum.IntEnum):
+    """PROTOCOL.md §5.14, the kind registry. Each range is owned by one
+    feature, which adds its kinds below its own comment."""
+
+    ACK = 0x0000
+    ECHO = 0x0001
+    # 0x0002-0x00FF: the tunnel's own kinds; unassigned.
+    # 0x0100-0x01FF: ACME (challenges, certificates), origin -> edge.
+    ACME_CHALLENGE_SET = 0x0100
+    ACME_CHALLENGE_CLEAR = 0x0101
+    ACME_CERTIFICATE_SET = 0x0102
+    # 0x0200-0x02FF: CACHE (purges), origin -> edge.
+    CACHE_PURGE = 0x0200
+    """A purge (JSON: url, prefix, tag or all; geoedge/cache_purge.py)."""
+    # 0x0300-0xEFFF: unassigned. 0xF000-0xFFFF: private or experimental use.
+
+
+class ControlStatus(enum.IntEnum):
+    """PROTOCOL.md §5.14: the Status of an ACK."""
+
+    APPLIED = 0
+    REFUSED = 1
+    UNKNOWN_KIND = 2
 
 
 class SettingId(enum.IntEnum):

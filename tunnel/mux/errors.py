@@ -85,3 +85,9 @@ class MetadataError(MuxError):
     """Stream metadata is malformed or too large."""
 
     code = ErrorCode.METADATA_ERROR
+
+
+class ControlError(MuxError):
+    """A CONTROL command the session cannot carry out (PROTOCOL.md §5.14): a
+    kind out of range, a body above the peer's MAX_FRAME_BYTES, an ACK for a
+    message not received or already answered. Nothing is sent."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tunnel.mux.constants import ControlStatus
 from tunnel.mux.metadata import StreamMetadata
 
 
@@ -73,6 +74,25 @@ class GoAwayReceived:
 
 
 @dataclass(slots=True)
+class ControlReceived:
+    """The peer sent an application CONTROL message (PROTOCOL.md §5.14). The
+    application answers it with :meth:`Session.acknowledge_control`, once."""
+
+    kind: int
+    message_id: int
+    body: bytes
+
+
+@dataclass(slots=True)
+class ControlAcknowledged:
+    """The peer answered our CONTROL message ``message_id`` (§5.14)."""
+
+    message_id: int
+    status: ControlStatus
+    reason: str
+
+
+@dataclass(slots=True)
 class ConnectionTerminated:
     """The session is over; the adapter sends what is queued, then closes."""
 
@@ -89,5 +109,7 @@ Event = (
     | StreamReset
     | PingAcknowledged
     | GoAwayReceived
+    | ControlReceived
+    | ControlAcknowledged
     | ConnectionTerminated
 )

@@ -1,6 +1,7 @@
 """Frame encoders (PROTOCOL.md §5). Decoding lives in the session's receive loop,
 which dispatches on the 10-octet header without building frame objects: that is
-the hot path, and an object per frame costs more than the frame.
+the hot path, and an object per frame costs more than the frame. The decoders
+here are for payloads with fields to check (HELLO, SETTINGS, CONTROL).
 """
 
 from __future__ import annotations
@@ -8,15 +9,21 @@ from __future__ import annotations
 import struct
 
 from tunnel.mux.constants import (
+    CONTROL_HEADER,
+    CONTROL_HEADER_SIZE,
     HEADER,
+    MAX_CONTROL_REASON_BYTES,
     MAX_GOAWAY_REASON_BYTES,
     PREFACE,
     SETTING,
     U32,
     U32_PAIR,
+    ControlKind,
+    ControlStatus,
     Flag,
     FrameType,
 )
+from tunnel.mux.errors import FrameSizeError, ProtocolError
 
 _VERSIONS = struct.Struct(">HH")
 
@@ -77,6 +84,48 @@ def encode_goaway(last_stream_id: int, error_code: int, reason: str) -> bytes:
     text = reason.encode("utf-8")[:MAX_GOAWAY_REASON_BYTES]
     payload = U32_PAIR.pack(last_stream_id, error_code) + text
     return _pack_header(FrameType.GOAWAY, 0, 0, len(payload)) + payload
+
+
+def encode_control(kind: int, message_id: int, body: bytes) -> bytes:
+    """A CONTROL frame (PROTOCOL.md §5.14): Kind, Message Id, then the body."""
+    return (
+        _pack_header(FrameType.CONTROL, 0, 0, CONTROL_HEADER_SIZE + len(body))
+        + CONTROL_HEADER.pack(kind, message_id)
+        + body
+    )
+
+
+def encode_control_ack(message_id: int, status: int, reason: str) -> bytes:
+    """The ACK of ``message_id`` (CONTROL kind 0). The reason is cut to 256
+    octets at a character boundary, so what goes out is always UTF-8."""
+    text = reason.encode("utf-8")
+    if len(text) > MAX_CONTROL_REASON_BYTES:
+        text = text[:MAX_CONTROL_REASON_BYTES].decode("utf-8", "ignore").encode("utf-8")
+    return encode_control(ControlKind.ACK, message_id, bytes((status,)) + text)
+
+
+def decode_control(payload: bytes) -> tuple[int, int, bytes]:
+    """Kind, Message Id and Body of a CONTROL payload; shorter than its
+    6-octet header: :class:`FrameSizeError` (§5.14)."""
+    if len(payload) < CONTROL_HEADER_SIZE:
+        raise FrameSizeError("CONTROL shorter than its kind and message id")
+    kind, message_id = CONTROL_HEADER.unpack_from(payload, 0)
+    return kind, message_id, payload[CONTROL_HEADER_SIZE:]
+
+
+_STATUSES = {int(status): status for status in ControlStatus}
+
+
+def decode_control_ack(body: bytes) -> tuple[ControlStatus, str]:
+    """Status and reason of an ACK's body. No status octet, or a reason above
+    256 octets: :class:`FrameSizeError`; a status not in §5.14:
+    :class:`ProtocolError`. The reason is for logs: invalid UTF-8 is replaced."""
+    if not body or len(body) > 1 + MAX_CONTROL_REASON_BYTES:
+        raise FrameSizeError(f"CONTROL ACK body of {len(body)} octets")
+    status = _STATUSES.get(body[0])
+    if status is None:
+        raise ProtocolError(f"CONTROL ACK with unknown status {body[0]}")
+    return status, body[1:].decode("utf-8", "replace")
 
 
 def decode_versions(payload: bytes) -> tuple[int, int]:

@@ -30,6 +30,7 @@ from tunnel.mux.constants import (
     FrameType,
     SettingId,
 )
+from tunnel.mux.control import ControlMessages
 from tunnel.mux.errors import (
     FlowControlError,
     FrameSizeError,
@@ -82,6 +83,7 @@ class Inbound:
         "_budget",
         "_client",
         "_config",
+        "_control",
         "_credit",
         "_out",
         "_pings",
@@ -105,6 +107,7 @@ class Inbound:
         credit: ReceiveCredit,
         pings: Pings,
         budget: ErrorBudget,
+        control: ControlMessages,
     ) -> None:
         self._config = config
         self._client = client
@@ -113,6 +116,7 @@ class Inbound:
         self._credit = credit
         self._pings = pings
         self._budget = budget
+        self._control = control
         self.peer_settings = peer_settings
         self.established = False
         self.version: int | None = None
@@ -279,7 +283,7 @@ class Inbound:
             raise FrameSizeError("WINDOW_UPDATE must carry 4 octets")
         (increment,) = U32.unpack_from(payload, 0)
         if stream_id == 0:
-            self._out.credit_connection(increment)
+            self._out.credit_connection(increment, now)
             return
         stream = self._table.streams.get(stream_id)
         if stream is None:
@@ -291,7 +295,7 @@ class Inbound:
         if stream.send_window > MAX_WINDOW:
             raise StreamError(stream_id, "stream window above 2^31-1", ErrorCode.FLOW_CONTROL_ERROR)
         if stream.stall_since is not None:
-            self._out.unstall(stream)
+            self._out.unstall(stream, now)
         if stream.send_buffered or (stream.end_queued and not stream.end_sent):
             self._out.scheduler.push(stream_id)
 
@@ -352,6 +356,11 @@ class Inbound:
             # session resets the rest with its code.
             self.closed_by_peer = (code, reason)
 
+    def _on_control(
+        self, stream_id: int, flags: int, payload: bytes, now: float, events: list[Event]
+    ) -> None:
+        self._control.receive(stream_id, payload, now, events)
+
     def _check_not_idle(self, stream_id: int, what: str) -> None:
         """A frame for an unknown stream is fine if the stream existed (it closed
         while the frame was in flight); for a never-opened one it is an error."""
@@ -384,4 +393,5 @@ _HANDLERS: dict[int, _Handler] = {
     FrameType.PING: Inbound._on_ping,
     FrameType.PONG: Inbound._on_pong,
     FrameType.GOAWAY: Inbound._on_goaway,
+    FrameType.CONTROL: Inbound._on_control,
 }

@@ -36,7 +36,10 @@ class Outbound:
     (the connection send window: octets of DATA the peer accepts), ``max_frame``
     (the peer's MAX_FRAME_BYTES), ``scheduler`` (streams that may have DATA or a
     bare END_STREAM ready), ``stalled`` (streams whose queued data waits for
-    stream window, and since when), ``goaway_sent`` and ``bytes_sent``.
+    stream window, and since when), ``goaway_sent``, ``bytes_sent`` and the
+    credit-wait counters (``stalls``, ``stalled_s``: how often and how long
+    streams waited for stream window; ``window_blocked_s``: how long DATA
+    waited for the connection window), which only ever grow.
 
     Invariants: ``window`` never goes below 0, nor a stream's ``send_window``:
     a DATA frame takes at most both, and at most ``max_frame`` octets. A stream
@@ -49,6 +52,7 @@ class Outbound:
     """
 
     __slots__ = (
+        "_blocked_since",
         "_max_pending_control",
         "bytes_sent",
         "control",
@@ -56,7 +60,10 @@ class Outbound:
         "max_frame",
         "scheduler",
         "stalled",
+        "stalled_s",
+        "stalls",
         "window",
+        "window_blocked_s",
     )
 
     def __init__(self, hello: bytes, max_pending_control: int) -> None:
@@ -68,6 +75,10 @@ class Outbound:
         self.goaway_sent = False
         self.bytes_sent = 0
         self._max_pending_control = max_pending_control
+        self.stalls = 0
+        self.stalled_s = 0.0
+        self.window_blocked_s = 0.0
+        self._blocked_since: float | None = None
 
     def queue_control(self, frame: bytes) -> None:
         """Queue a reply the peer provoked; a peer that does not read them is
@@ -87,11 +98,14 @@ class Outbound:
         self.window = window
         self.max_frame = max_frame
 
-    def credit_connection(self, increment: int) -> None:
+    def credit_connection(self, increment: int, now: float) -> None:
         """A WINDOW_UPDATE on stream 0 (§5.7, §7.1)."""
         if increment == 0:
             raise ProtocolError("WINDOW_UPDATE of 0 on the connection")
         self.window += increment
+        if self._blocked_since is not None:
+            self.window_blocked_s += max(0.0, now - self._blocked_since)
+            self._blocked_since = None
         if self.window > MAX_WINDOW:
             raise FlowControlError("connection window above 2^31-1")
 
@@ -100,10 +114,12 @@ class Outbound:
         if stream.stall_since is None:
             stream.stall_since = since
             self.stalled[stream.stream_id] = since
+            self.stalls += 1
 
-    def unstall(self, stream: Stream) -> None:
+    def unstall(self, stream: Stream, now: float) -> None:
         """``stream`` got window, or left the session."""
         if stream.stall_since is not None:
+            self.stalled_s += max(0.0, now - stream.stall_since)
             stream.stall_since = None
             self.stalled.pop(stream.stream_id, None)
 
@@ -164,5 +180,7 @@ class Outbound:
                     scheduler.push(stream_id)
                 else:
                     self.mark_stalled(stream, now)
+        if self.window <= 0 and scheduler and self._blocked_since is None:
+            self._blocked_since = now  # DATA waits for connection credit
         self.bytes_sent += sum(map(len, out))
         return out

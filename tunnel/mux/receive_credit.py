@@ -29,7 +29,15 @@ class ReceiveCredit:
     beyond the limit).
     """
 
-    __slots__ = ("_config", "_out", "_rtt", "announced_stream_window", "learned_window", "window")
+    __slots__ = (
+        "_config",
+        "_out",
+        "_rtt",
+        "announced_stream_window",
+        "credit_sent",
+        "learned_window",
+        "window",
+    )
 
     def __init__(
         self,
@@ -47,6 +55,8 @@ class ReceiveCredit:
         )
         self.announced_stream_window = config.initial_stream_window_bytes
         self.learned_window = min(learned_window_hint, config.max_stream_window_bytes)
+        #: Connection credit granted by WINDOW_UPDATE so far (octets; only grows).
+        self.credit_sent = 0
 
     def stream_window_estimate(self) -> int:
         """The receive window a new stream starts with (IMPLEMENTATION.md §N7.4): the
@@ -74,6 +84,7 @@ class ReceiveCredit:
             control.append(frames.encode_settings({SettingId.INITIAL_STREAM_WINDOW: target}))
         increment = self.window.raise_size(2 * target)
         if increment:
+            self.credit_sent += increment
             control.append(frames.encode_window_update(0, increment))
 
     def learn(self, size: int) -> None:
@@ -87,4 +98,5 @@ class ReceiveCredit:
         if n:
             increment = self.window.consume(n, now)
             if increment:
+                self.credit_sent += increment
                 self._out.control.append(frames.encode_window_update(0, increment))

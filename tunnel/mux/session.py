@@ -3,10 +3,11 @@
 ``receive_data(data, now) -> list[Event]`` takes bytes from the peer; the
 commands (:meth:`open_stream`, :meth:`send_data`, :meth:`end_stream`,
 :meth:`reset_stream`, :meth:`acknowledge_received_data`, :meth:`ping`,
-:meth:`go_away`) change state; :meth:`data_to_send` returns what to write, control
-frames first, then DATA frames chosen fairly by the scheduler. Time is a
-parameter; :meth:`next_deadline` / :meth:`handle_timer` drive keepalive, dead-peer
-detection and stall detection.
+:meth:`go_away`, :meth:`send_control`, :meth:`acknowledge_control`) change
+state; :meth:`data_to_send` returns what to write, control frames first, then
+DATA frames chosen fairly by the scheduler. Time is a parameter;
+:meth:`next_deadline` / :meth:`handle_timer` drive keepalive, dead-peer detection
+and stall detection.
 
 Error scopes follow PROTOCOL.md §9: a :class:`StreamError` resets one stream and
 costs error budget; any other :class:`ProtocolError` terminates the session with
@@ -17,8 +18,9 @@ The session is composed of parts, each owning one concern (as h2 composes
 ids, counts), :class:`Outbound` (what is queued to send, the connection send
 window, the scheduler, stalls), :class:`ReceiveCredit` (the connection receive
 window, the window new streams start from), :class:`Pings` (PINGs in flight,
-RTT samples), :class:`Inbound` (the frame handlers, what the peer told us) and
-the :class:`ErrorBudget`. The session runs the commands and the timers on them,
+RTT samples), :class:`ControlMessages` (CONTROL messages both ways, §5.14),
+:class:`Inbound` (the frame handlers, what the peer told us) and the
+:class:`ErrorBudget`. The session runs the commands and the timers on them,
 and ends the connection.
 """
 
@@ -33,9 +35,11 @@ from tunnel.mux.constants import (
     MAX_VERSION,
     MIN_VERSION,
     SETTING_DEFAULTS,
+    ControlStatus,
     ErrorCode,
     SettingId,
 )
+from tunnel.mux.control import ControlMessages
 from tunnel.mux.errors import (
     MetadataError,
     MuxError,
@@ -79,6 +83,18 @@ class SessionStatistics:
     error_budget_left: float
     established: bool
     closing: bool
+    stream_credit_stalls: int = 0
+    """Times one of our streams ran out of stream window with data queued."""
+    stream_credit_wait_s: float = 0.0
+    """Seconds our streams spent waiting for stream window, summed."""
+    connection_window_wait_s: float = 0.0
+    """Seconds DATA waited for the connection window."""
+    connection_credit_sent: int = 0
+    """Connection credit we granted the peer (octets of WINDOW_UPDATE on stream 0)."""
+    stream_credit_sent: int = 0
+    """Stream credit we granted the peer (octets of stream WINDOW_UPDATEs)."""
+    stream_window_estimate: int = 0
+    """The receive window a new stream starts with now (IMPLEMENTATION.md §N7.4)."""
 
 
 class Session:
@@ -114,6 +130,7 @@ class Session:
         self._streams = self._table.streams
         self._pings = Pings(self._out, self.rtt)
         self._budget = ErrorBudget(config.error_budget, config.error_budget_refill_per_s, now)
+        self._control = ControlMessages(self._out, self._budget, config.max_frame_bytes, now)
         self._inbound = Inbound(
             config,
             client=client,
@@ -123,12 +140,14 @@ class Session:
             credit=self._credit,
             pings=self._pings,
             budget=self._budget,
+            control=self._control,
         )
         self._reader = FrameReader(max(config.max_frame_bytes, 4 + config.max_metadata_bytes))
         self._bytes_received = 0
         self._last_received = now
         self._next_ping_at = now + config.ping_interval_s
         self._last_measure_ping = now
+        self._stream_credit_sent = 0
 
     # ------------------------------------------------------------------ receive
 
@@ -245,6 +264,7 @@ class Session:
         credit.return_credit(n, now)
         increment = window.consume(n, now, self.rtt)
         if increment and not stream.peer_ended:
+            self._stream_credit_sent += increment
             self._out.control.append(frames.encode_window_update(stream_id, increment))
             if now - self._last_measure_ping >= _MEASURE_PING_INTERVAL_S:
                 self._last_measure_ping = now  # keep the delay signal fresh (window.py)
@@ -267,6 +287,24 @@ class Session:
         may finish (PROTOCOL.md §6.6). Idempotent."""
         if not self.terminated:
             self._out.go_away(self._inbound.last_peer_id, error_code, reason)
+
+    def send_control(self, kind: int, body: bytes) -> int:
+        """Queue a CONTROL message (PROTOCOL.md §5.14); its message id, which
+        the peer's ACK names (:class:`ControlAcknowledged`). Allowed from the
+        peer's HELLO until the session ends, GOAWAY or not. A body above the
+        peer's MAX_FRAME_BYTES (less 6) raises :class:`ControlError`."""
+        if self.terminated:
+            raise SessionClosedError("session is over")
+        if not self._inbound.established:
+            raise SessionClosedError("session not established yet")
+        return self._control.send(kind, body)
+
+    def acknowledge_control(self, message_id: int, status: ControlStatus, reason: str = "") -> None:
+        """Answer the peer's CONTROL message ``message_id`` (a
+        :class:`ControlReceived`), exactly once; ``reason`` is cut to 256
+        octets. After the session ended, a no-op."""
+        if not self.terminated:
+            self._control.acknowledge(message_id, status, reason)
 
     def connection_lost(self, reason: str = "transport closed") -> list[Event]:
         """The transport is gone: every stream is reset, the session is over."""
@@ -392,6 +430,12 @@ class Session:
             error_budget_left=self._budget.tokens,
             established=self._inbound.established,
             closing=self.closing,
+            stream_credit_stalls=out.stalls,
+            stream_credit_wait_s=out.stalled_s,
+            connection_window_wait_s=out.window_blocked_s,
+            connection_credit_sent=self._credit.credit_sent,
+            stream_credit_sent=self._stream_credit_sent,
+            stream_window_estimate=self._credit.stream_window_estimate(),
         )
 
 

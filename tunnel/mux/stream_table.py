@@ -74,7 +74,7 @@ class StreamTable:
         else:
             self.peer_open -= 1
         if stream.stall_since is not None:
-            self._out.unstall(stream)
+            self._out.unstall(stream, now)
         window = stream.recv_window
         unconsumed = window.received - window.consumed  # .unconsumed, without its call
         if unconsumed:
