@@ -31,7 +31,10 @@ MiB = 1024 * 1024
 
 
 def heap_mapping_resident_bytes() -> int:
-    """Resident bytes of this process's ``[heap]`` mapping (/proc/self/smaps)."""
+    """Resident bytes of this process's ``[heap]`` mapping (glibc's main arena),
+    from /proc/self/smaps: what ``malloc_trim`` gives back leaves this mapping,
+    whatever the rest of the process allocates elsewhere (the unit test of the
+    keeper counts on that too)."""
     in_heap = False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         if line[:1].isdigit() or line[:1] in "abcdef":  # a mapping's first line

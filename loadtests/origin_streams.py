@@ -45,6 +45,7 @@ from loadtests.edge_stack import (
     free_port,
     make_pki,
     pinned,
+    quiet_origin_toml,
     tree_cpu_seconds,
     wait_healthy,
     wait_port,
@@ -138,16 +139,13 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         tunnel_port, admin_port = free_port(), free_port()
         config = workdir / "origin.toml"
         config.write_text(
-            devstack.origin_toml(
+            quiet_origin_toml(
                 keys,
-                origin_id=keys.origin_id,
                 tunnel_port=tunnel_port,
                 admin_port=admin_port,
-                allowed_identities=[keys.edge_id],
                 backends=node_ports,
+                drain_timeout_s=1.0,
                 workers=2,
-                log_level="warning",
-                access_log="",
             )
         )
         argv = pinned(SERVER_CPU, [sys.executable, "-m", "origin", "--config", str(config)])

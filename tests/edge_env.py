@@ -232,6 +232,17 @@ class Stack:
         conn.request("GET", "/metrics")
         return conn.getresponse().read().decode()
 
+    def answer_gate(self, path: str) -> None:
+        """Send the last request of a ``/gate`` group straight to Node (the
+        sample app holds each request of a group until all are there): every
+        request of the group held there is answered."""
+        direct = http.client.HTTPConnection("127.0.0.1", self.node_port, timeout=scaled(20))
+        try:
+            direct.request("GET", path)
+            assert direct.getresponse().status == 200
+        finally:
+            direct.close()
+
     def edge_count(self, name: str, having: str = "") -> float:
         """The edge's series ``name`` summed over its labels (those whose labels
         contain ``having``); workers publish their counts once a second."""

@@ -9,7 +9,6 @@ reaches the origin; the known HTTP/2 attacks are bounded; h2spec passes.
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import os
 import shutil
@@ -328,22 +327,12 @@ def test_too_many_concurrent_streams_are_refused(stack: Stack) -> None:
     # RFC 9113 §5.1.2: each one past the limit a stream error, REFUSED_STREAM
     # (safe to send again); the connection and the streams within it go on.
     assert [r.reset for r in refused] == [h2.errors.ErrorCodes.REFUSED_STREAM] * 5
-    open_gate(stack, gate)  # (held itself until all 100 are at Node)
+    stack.answer_gate(gate)  # (held itself until all 100 are at Node)
     responses = c.wait(streams[:limit], timeout=scaled(20))
     assert [r.status for r in responses] == [200] * limit
     assert c.goaway is None and not c.closed
     c.close()
     still_serving(stack)
-
-
-def open_gate(stack: Stack, gate: str) -> None:
-    """The last request of a /gate group, straight to Node: the group is answered."""
-    direct = http.client.HTTPConnection("127.0.0.1", stack.node_port, timeout=scaled(20))
-    try:
-        direct.request("GET", gate)
-        assert direct.getresponse().status == 200
-    finally:
-        direct.close()
 
 
 # -- drain and conformance -----------------------------------------------------------
@@ -383,7 +372,7 @@ def test_drain_sends_goaway_and_finishes_open_streams(test_pki: PkiFiles, tmp_pa
         witness.wait_goaway(scaled(15))
         assert witness.goaway is not None or witness.closed, "no drain began"
         witness.close()
-        open_gate(s, gate)  # the second of the group: both are answered
+        s.answer_gate(gate)  # the second of the group: both are answered
         out, err = curl.communicate(timeout=scaled(15))
         assert curl.returncode == 0, err[-2000:]
         assert json.loads(out) == {"together": 2}

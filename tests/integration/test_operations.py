@@ -82,7 +82,7 @@ def statuses_during_drain(
         assert answer is not None, "the admin went away with a request in flight"
         seen.append(answer)
         time.sleep(0.1)
-    release(stack)
+    stack.answer_gate(HELD)  # the held request is released
     deadline = time.monotonic() + scaled(30)
     while time.monotonic() < deadline and (answer := healthz_answer(admin_port)) is not None:
         seen.append(answer)
@@ -108,16 +108,6 @@ def held_request(stack: Stack, result: dict[str, object]) -> threading.Thread:
         "the request never reached Node",
     )
     return thread
-
-
-def release(stack: Stack) -> None:
-    """The second request of :data:`HELD`'s group, straight to Node: both are answered."""
-    direct = http.client.HTTPConnection("127.0.0.1", stack.node_port, timeout=scaled(20))
-    try:
-        direct.request("GET", HELD)
-        assert direct.getresponse().status == 200
-    finally:
-        direct.close()
 
 
 def test_edge_healthz_is_503_from_the_start_of_a_drain(test_pki: PkiFiles, tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ real edge, origin and Node; one backend capped at one request at a time."""
 from __future__ import annotations
 
 import concurrent.futures
-import http.client
 import json
 import time
 from pathlib import Path
@@ -45,15 +44,6 @@ def origin_lines(stack: Stack, marker: str) -> list[dict[str, object]]:
 HELD = f"/gate?n=2&group=queue&ms={int(scaled(120) * 1000)}"
 
 
-def release(stack: Stack) -> None:
-    direct = http.client.HTTPConnection("127.0.0.1", stack.node_port, timeout=scaled(20))
-    try:
-        direct.request("GET", HELD)
-        assert direct.getresponse().status == 200
-    finally:
-        direct.close()
-
-
 def with_the_backend_held(stack: Stack, others: list[str], then: Any) -> list[tuple[int, float]]:
     """GET :data:`HELD` (it takes the one connection the backend may have), then
     ``others`` at once; ``then()`` runs once they are all queued or answered,
@@ -67,7 +57,7 @@ def with_the_backend_held(stack: Stack, others: list[str], then: Any) -> list[tu
         )
         rest = pool.submit(gets, stack, others)
         then(rest)
-        release(stack)
+        stack.answer_gate(HELD)
         return held.result(timeout=scaled(60)) + rest.result(timeout=scaled(60))
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 
 from geoedge import memory
+from loadtests.heap_return import heap_mapping_resident_bytes
 from tests.conftest import run_async
 from tests.leaks import collector_off
 
@@ -29,19 +29,6 @@ def test_census_counts_live_instances_without_collecting() -> None:
 
 
 MiB = 1024 * 1024
-
-
-def heap_mapping_resident_bytes() -> int:
-    """Resident pages of the process's ``[heap]`` mapping (glibc's main arena),
-    from /proc/self/smaps: what ``malloc_trim`` gives back leaves this mapping,
-    whatever the rest of the process (pytest, its plugins) allocates elsewhere."""
-    in_heap = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        if line[:1].isdigit() or line[:1] in "abcdef":  # a mapping's first line
-            in_heap = line.endswith("[heap]")
-        elif in_heap and line.startswith("Rss:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 @pytest.mark.skipif(memory.heap_statistics() is None, reason="the C library is not glibc")
