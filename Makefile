@@ -14,7 +14,7 @@ NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
 LOCK := deploy/requirements.lock
 
-.PHONY: venv node tools test test-long test-platforms mutation lint lock docs demo dist cache-tests bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor bench-origin-streams bench-heap-return wan drill restart-test apt-base soak clean
+.PHONY: venv node tools test test-long test-platforms mutation lint lock docs demo dist cache-tests bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor bench-origin-streams bench-heap-return wan drill restart-test reload-test cold-burst apt-base soak clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy; nginx-light, the nginx edge of make wan), the WAN
@@ -202,6 +202,17 @@ drill: $(STAMPS)/py-load node
 # restart does with geoedge-edge.socket: what clients notice.
 restart-test: $(STAMPS)/py-load node
 	$(PY) -m loadtests.restart
+
+# systemctl reload under load, as issue 27 judges it: an upgrade to a second
+# build of the package, a broken config, the origin, 20 reloads in a row; a new
+# TLS connection every 20 ms and 50 WebSockets (docs/upgrades.md).
+reload-test: $(STAMPS)/py-load node
+	$(PY) -m loadtests.reload $(RELOAD_ARGS)
+
+# A burst of 20 new connections right after the edge starts or reloads, on
+# make wan's emulated WAN (root): how far above its floor (docs/upgrades.md).
+cold-burst: $(STAMPS)/py-load node
+	$(PY) -m loadtests.cold_burst
 
 # 30 minutes by default; e.g. make soak SOAK_ARGS="--websockets 9000 --cycles 3"
 soak: $(STAMPS)/py-load node

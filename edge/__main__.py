@@ -7,6 +7,7 @@ also what ``--check`` runs), then hands over to :class:`edge.daemon.EdgeDaemon`
 
 Exit status: 0 after a clean stop, 2 for a bad config or file (one line per
 problem, naming the file and the setting), 1 when an address cannot be bound.
+``--reload PID`` asks a running edge to reload in place (:mod:`geoedge.reload`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,12 @@ from edge.config import EdgeConfig
 from edge.daemon import EdgeDaemon
 from edge.tls import CertificateStore, TlsConfigError
 from geoedge.config import ConfigError, load_config
-from geoedge.daemon_cli import daemon_parser, parse_daemon_args, report, run_check
+from geoedge.daemon_cli import daemon_parser, parse_daemon_args, report, run_check, run_reload
+from geoedge.listening import check_bindable
 from geoedge.logs import configure_logging, logging_choice
 from geoedge.preflight import FileCheck, ListenError, PreflightError, check_files
+from geoedge.reexec import take_inheritance
+from geoedge.version import running_version
 from tunnel.aio.tls import TunnelTlsError
 from tunnel.aio.transport import dial_ssl_context
 
@@ -83,6 +87,14 @@ def preflight(path: str, *, service_gid: int | None) -> tuple[EdgeConfig, Certif
     return config, certificates
 
 
+def listen_addresses(config: EdgeConfig) -> list[tuple[str, str]]:
+    """Every address the edge listens on, with its setting."""
+    wanted = [("[[listeners]] address", listener.address) for listener in config.listeners]
+    if config.redirect is not None:
+        wanted.append(("[redirect] address", config.redirect.address))
+    return [*wanted, ("[admin] address", config.admin.address)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = daemon_parser(
         PROG,
@@ -91,10 +103,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "edge.toml",
     )
     args = parse_daemon_args(parser, argv)
+    if args.reload is not None:
+        return run_reload(args, PROG)
     level, json_lines = logging_choice(args, "info", True)  # until the config is read
     configure_logging(level, json=json_lines)
     if args.check:
         return run_check(args, _check)
+    inheritance = take_inheritance()  # this is the exec of a reload (geoedge.reload)
+    running_version()  # read once, before any fork: what every worker reports
     try:
         config, certificates = preflight(args.config, service_gid=os.getegid())
     except (ConfigError, PreflightError, TlsConfigError, TunnelTlsError) as exc:
@@ -102,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     level, json_lines = logging_choice(args, config.edge.log_level, config.edge.log_json)
     configure_logging(level, json=json_lines)
-    daemon = EdgeDaemon(config, certificates)
+    daemon = EdgeDaemon(config, certificates, inheritance=inheritance)
     try:
         return uvloop.run(daemon.run())
     except ListenError as exc:
@@ -113,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _check(path: str, service_gid: int | None) -> int:
     try:
         config, certificates = preflight(path, service_gid=service_gid)
+        check_bindable(listen_addresses(config))  # a reload's check only
     except (ConfigError, PreflightError, TlsConfigError, TunnelTlsError) as exc:
         report(PROG, path, exc)
         return 2

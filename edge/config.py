@@ -18,6 +18,9 @@ from tunnel.aio.transport import TunnelDialConfig, parse_host_port
 from tunnel.mux import SessionConfig
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+#: What a listener expects first: the versions the origin sends (its
+#: ``ProxyProtocolMode``), and ``any`` for either.
+ProxyProtocolExpected = Literal["off", "v1", "v2", "any"]
 
 #: Mozilla "intermediate" TLS 1.2 ciphers (TLS 1.3 suites are OpenSSL's defaults).
 MOZILLA_INTERMEDIATE_CIPHERS = (
@@ -66,9 +69,13 @@ class ListenerConfig:
 
     address: str = "0.0.0.0:443"
     """host:port to listen on with TLS."""
-    proxy_protocol: bool = False
-    """Expect a PROXY v1/v2 header first (an AWS NLB in front); only accepted
-    from ``trusted_proxies``."""
+    proxy_protocol: ProxyProtocolExpected = "off"
+    """The PROXY header a load balancer in front sends before TLS: ``"v2"``
+    (an AWS NLB target group with proxy_protocol_v2), ``"v1"`` (HAProxy's
+    ``send-proxy``, a Classic Load Balancer), ``"any"`` (either: while moving
+    from one to the other) or ``"off"``. A header of the other version is
+    refused. The same values as the origin's ``[[pools]] proxy_protocol``,
+    which sends one (``true``, the old spelling, is read as ``"any"``)."""
     trusted_proxies: tuple[Network, ...] = ()
     """With ``proxy_protocol``: the load balancers (CIDRs) allowed to send a PROXY
     header. A connection from them must carry one; from anyone else a PROXY
@@ -92,13 +99,13 @@ class ListenerConfig:
             or len(set(self.alpn)) != len(self.alpn)
         ):
             raise ValueError('alpn must list "h2" and/or "http/1.1", each once')
-        if self.proxy_protocol and not self.trusted_proxies:
+        if self.proxy_protocol != "off" and not self.trusted_proxies:
             raise ValueError("proxy_protocol needs trusted_proxies (the load balancer's CIDRs)")
-        if self.trusted_proxies and not self.proxy_protocol:
+        if self.trusted_proxies and self.proxy_protocol == "off":
             raise ValueError(
                 "trusted_proxies lists PROXY-protocol load balancers and needs"
-                " proxy_protocol = true; for HTTP proxies that set X-Forwarded-For"
-                " use http_proxies"
+                ' proxy_protocol = "v2" (or "v1"); for HTTP proxies that set'
+                " X-Forwarded-For use http_proxies"
             )
 
 
@@ -213,14 +220,25 @@ class HttpConfig:
     body_timeout_s: float = 30.0
     """A request body must progress at least this often → 408, and its stream
     is reset (nginx's ``client_body_timeout``)."""
-    response_timeout_s: float = 60.0
-    """A response must start, and then progress, at least this often → 504 (or
-    a close once it has started), the stream reset (nginx's
-    ``proxy_read_timeout``, HAProxy's ``timeout server``). Time the client's
-    own slow reading holds it up does not count."""
+    first_byte_timeout_s: float = 60.0
+    """How long a response may take to start once its request went up whole
+    (counted from the request's last octet, so a slow upload is not the
+    backend's fault) → 504, the stream reset (Varnish's and Fastly's
+    ``first_byte_timeout``). The origin's ``[[pools]] first_byte_timeout_s``
+    is the same deadline at the backend."""
+    between_bytes_timeout_s: float = 60.0
+    """Silence allowed once a response has started: nothing more from the
+    origin for this long → the client's connection is cut, the stream reset
+    (``between_bytes_timeout``; nginx's ``proxy_read_timeout``). Time the
+    client's own slow reading holds it up does not count (``send_timeout_s``
+    covers that). The origin's ``[[pools]] between_bytes_timeout_s`` is the
+    same deadline at the backend."""
     long_poll_prefixes: tuple[str, ...] = ()
-    """Request paths (prefixes) that may wait ``websocket_idle_timeout_s`` for
-    their response instead: long polling."""
+    """Request paths (prefixes) that long-poll or stream events and may be
+    silent on purpose: they get ``websocket_idle_timeout_s`` instead of the two
+    deadlines above. Listing them here is enough: the edge marks their streams
+    (LONG_POLL, tunnel/PROTOCOL.md §6.2) and the origin then spares them its
+    own deadlines too (docs/operations.md, "Long polls")."""
     h2_max_concurrent_streams: int = 100
     """Requests an HTTP/2 client may have open at once on one connection."""
     websocket_idle_timeout_s: float = 3600.0
@@ -242,6 +260,10 @@ class HttpConfig:
     limits: HttpLimits = field(default_factory=HttpLimits)
 
     def __post_init__(self) -> None:
+        if self.first_byte_timeout_s <= 0 or self.between_bytes_timeout_s <= 0:
+            raise ValueError("first_byte_timeout_s and between_bytes_timeout_s must be positive")
+        if any(not prefix.startswith("/") for prefix in self.long_poll_prefixes):
+            raise ValueError("long_poll_prefixes must start with '/'")
         if self.readiness_path and (
             not self.readiness_path.startswith("/") or "?" in self.readiness_path
         ):
@@ -249,8 +271,10 @@ class HttpConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class LimitsConfig:
-    """Admission (edge/admission.py). The caps are per host: each of the N
+class AdmissionConfig:
+    """Who gets in (edge/admission.py): connection caps and request rates.
+    Renamed from ``[limits]``, which ``[http.limits]`` (sizes of HTTP
+    messages) made a name for two things. The caps are per host: each of the N
     workers enforces its share (the cap / N, rounded up), so the limit does not
     grow with the instance size."""
 
@@ -319,7 +343,15 @@ class AcmeConfig:
 class EdgeConfig:
     #: Old key paths that still load, with a deprecation warning naming the new
     #: one (geoedge.config): the same names as the origin's for the same ideas.
-    RENAMED_KEYS: ClassVar[dict[str, str]] = {"http.access_log": "edge.access_log"}
+    RENAMED_KEYS: ClassVar[dict[str, str | tuple[str, ...]]] = {
+        "http.access_log": "edge.access_log",
+        "limits": "admission",
+        # One deadline for both phases; the origin had one for each.
+        "http.response_timeout_s": ("http.first_byte_timeout_s", "http.between_bytes_timeout_s"),
+    }
+    RENAMED_VALUES: ClassVar[dict[str, tuple[tuple[object, object], ...]]] = {
+        "listeners[].proxy_protocol": ((True, "any"), (False, "off")),
+    }
 
     edge: EdgeSection
     tls: TlsConfig
@@ -327,7 +359,7 @@ class EdgeConfig:
     listeners: tuple[ListenerConfig, ...] = (ListenerConfig(),)
     redirect: RedirectListenerConfig | None = None
     http: HttpConfig = field(default_factory=HttpConfig)
-    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     tunnel: SessionConfig = field(default_factory=SessionConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     acme: AcmeConfig = field(default_factory=AcmeConfig)

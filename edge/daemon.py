@@ -18,19 +18,25 @@ balancers that can reach only them (edge/front_h1_requests.py).
 
 Signals: SIGTERM/SIGINT drain (``/readyz`` answers 503 from then on; stop
 accepting, finish in-flight requests up to ``drain_timeout_s``, GOAWAY the
-tunnels) and exit; SIGHUP reloads certificates and OCSP responses without
-dropping a connection, in the parent first (so a worker it starts later
-serves the current ones), then in the workers; SIGUSR1 reopens the access log
-(logrotate's postrotate); SIGUSR2 makes every worker log a memory report
-(:mod:`geoedge.memory`).
+tunnels) and exit; SIGHUP (or ``--reload PID``, the unit's ``ExecReload=``)
+reloads in place: config, certificates and code (:mod:`geoedge.reload`: a
+checked config, a re-exec, new workers that take over once their tunnels are
+warm); SIGUSR1 reopens the access log (logrotate's postrotate); SIGUSR2 makes
+every worker log a memory report (:mod:`geoedge.memory`).
 
-Under systemd (``Type=notify``): READY=1 once a tunnel is up, or after
-:data:`READY_TIMEOUT_S` without one.
+Readiness: a worker is ready once a tunnel to some origin is up and warm
+(:meth:`edge.worker.EdgeWorker.wait_warm`). At a start, ``/readyz`` and
+systemd's READY=1 wait for every worker to be ready (a burst of clients right
+after then finds every worker warm, not one still padding its tunnel), or for
+:data:`READY_TIMEOUT_S`: an edge whose origin is down still starts. A worker
+that takes over from others (a reload, a restart while siblings serve)
+accepts no client before it is ready.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import signal
 import socket
@@ -41,33 +47,43 @@ from aiohttp import web
 from edge.acme_status import HeldCertificates
 from edge.config import EdgeConfig, ListenerConfig
 from edge.status import EdgeStatus
-from edge.tls import CertificateStore, TlsConfigError
+from edge.tls import CertificateStore
 from edge.worker import EdgeWorker
 from geoedge.admin import AdminServer, HealthReport
 from geoedge.cache_purge import PurgeError, parse_purge
 from geoedge.cert_expiry import CertificateWatch, WatchedFile, tunnel_files
-from geoedge.listening import activated_or_bound
+from geoedge.listening import Listening, take_listeners
 from geoedge.memory import MemoryKeeper, tune_gc
 from geoedge.metrics import (
     cleanup_multiprocess,
-    enable_multiprocess,
     merged_families,
     merged_registry,
     process_exited,
 )
 from geoedge.preflight import ListenError
+from geoedge.reexec import Inheritance
+from geoedge.reload import (
+    Reloader,
+    handover_record,
+    held_sockets,
+    inherited_admin_and_reload,
+    start_metrics,
+)
 from geoedge.status_window import MetricsWindow
-from geoedge.systemd import ServiceNotifier, listen_sockets
+from geoedge.systemd import ServiceNotifier
+from geoedge.version import running_version
 from geoedge.worker_requests import TooManyRequests
-from geoedge.workers import Supervisor, WorkerContext, listen_control
+from geoedge.workers import Supervisor, WorkerContext, listen_control, report_ready
 
 __all__ = ["READY_TIMEOUT_S", "EdgeDaemon", "Sockets", "bind_sockets"]
 
 log = logging.getLogger("geoedge.edge")
 
-#: Under systemd (Type=notify): READY=1 once a tunnel is up, or after this long
-#: without one (the edge serves anyway: requests wait tunnel_wait_s, then 503),
-#: so that a start does not fail, or a restart hang, while an origin is down.
+#: At a start, READY=1 (and /healthz) once every worker is ready, or after this
+#: long (the edge serves anyway: requests wait tunnel_wait_s, then 503), so that
+#: a start does not fail, or a restart hang, while an origin is down. A reload
+#: whose new workers are not ready after this long is reported as failed (the
+#: old workers serve on until they are).
 READY_TIMEOUT_S = 30.0
 #: Grace after the drain deadline before the parent SIGKILLs a worker.
 KILL_GRACE_S = 5.0
@@ -77,19 +93,21 @@ Sockets = list[tuple[ListenerConfig | None, socket.socket]]
 
 
 def bind_sockets(
-    config: EdgeConfig, activated: list[tuple[str, socket.socket]] | None = None
-) -> Sockets:
-    """The listening sockets: those systemd passed (matched to the listeners by
-    address), the rest bound here."""
+    config: EdgeConfig, inheritance: Inheritance | None = None
+) -> tuple[Sockets, Listening]:
+    """The listening sockets: those the supervisor's previous image held (a
+    reload), or those systemd passed, matched to the listeners by address; the
+    rest bound here."""
     wanted: list[tuple[ListenerConfig | None, str, str]] = [
         (listener, "[[listeners]] address", listener.address) for listener in config.listeners
     ]
     if config.redirect is not None:
         wanted.append((None, "[redirect] address", config.redirect.address))
-    sockets = activated_or_bound(
-        [(setting, address) for _, setting, address in wanted], list(activated or ())
-    )
-    return [(listener, sock) for (listener, _, _), sock in zip(wanted, sockets, strict=True)]
+    listening = take_listeners([(setting, address) for _, setting, address in wanted], inheritance)
+    sockets = [
+        (listener, sock) for (listener, _, _), sock in zip(wanted, listening.sockets, strict=True)
+    ]
+    return sockets, listening
 
 
 #: How long ``POST /cache/purge`` waits for every worker's answer.
@@ -106,21 +124,39 @@ class EdgeDaemon:
         certificates: CertificateStore,
         *,
         notifier: ServiceNotifier | None = None,
+        inheritance: Inheritance | None = None,
     ) -> None:
+        """``inheritance``: what the supervisor's previous image passed on (this
+        process is the exec of a reload, :mod:`geoedge.reexec`)."""
         self.config = config
         self.certificates = certificates
         # Takes NOTIFY_SOCKET now, before any fork: the workers do not speak to systemd.
         self.notifier = notifier if notifier is not None else ServiceNotifier()
+        self.inheritance = inheritance
         self.sockets: Sockets = []
+        self._listening = Listening([], [])
         self.supervisor: Supervisor | None = None
         self.admin: AdminServer | None = None
+        self.reloader = Reloader(
+            notifier=self.notifier,
+            handover=self._handover,
+            takeover_timeout_s=READY_TIMEOUT_S,
+            inheritance=inheritance,
+            describe=self._describe,
+            held=lambda: held_sockets(self._listening, self.admin),
+        )
+        self._metrics_dir: str | None = None
+        #: Clients may be sent here: a reload's older workers serve, or every
+        #: worker was ready once, or READY_TIMEOUT_S passed since the start.
+        self._serving = inheritance is not None
 
     # -- parent ------------------------------------------------------------------------
 
     async def run(self) -> int:
         """Run until stopped (SIGTERM/SIGINT, or :meth:`stop`); the exit status.
         Raises :class:`ListenError` when an address cannot be bound."""
-        metrics_dir = enable_multiprocess()
+        metrics_dir = start_metrics(self.inheritance)
+        self._metrics_dir = str(metrics_dir)
         try:
             await self._run()
         finally:
@@ -129,15 +165,23 @@ class EdgeDaemon:
 
     async def _run(self) -> None:
         config = self.config
-        self.sockets = bind_sockets(config, listen_sockets())
+        inherited = self.inheritance
+        if any("h2" in listener.alpn for listener in config.listeners):
+            # Imported here, before any fork, not at a worker's first h2 client:
+            # a worker must run the code its supervisor loaded, even after a
+            # pip install that the next reload has yet to take in.
+            importlib.import_module("edge.front_h2")
+        self.sockets, self._listening = bind_sockets(config, inherited)
         supervisor = self.supervisor = Supervisor(
             self._worker_main,
             workers=config.edge.workers,
             stop_timeout_s=config.edge.drain_timeout_s + KILL_GRACE_S,
-            on_reload=self.request_reload,
+            on_reload=self.reloader.request,
             on_worker_exit=lambda pid, status: process_exited(pid),
             parent_fds=self._parent_fds,
-            on_stopping=lambda: self.notifier.stopping(f"draining {supervisor.running} worker(s)"),
+            on_stopping=self._stopping,
+            on_generation_ready=self._generation_ready,
+            adopted=inherited.workers if inherited is not None else (),
         )
         acme = self.certificates.acme
         held = None if acme is None else HeldCertificates(acme.store.directory)
@@ -157,17 +201,24 @@ class EdgeDaemon:
             routes=[web.post("/cache/purge", self._purge)],
         )
         try:
+            admin_sock, control_sock = inherited_admin_and_reload(inherited)
             try:
-                await self.admin.start()
+                await self.admin.start(admin_sock)
             except OSError as exc:
                 raise ListenError("[admin] address", config.admin.address, exc) from None
+            self.reloader.start(control_sock)
             log.info(
-                "edge %s serving %s with %d worker(s)",
+                "edge %s %s %s with %d worker(s), version %s",
                 config.edge.id,
+                "reloaded: serving" if inherited is not None else "serving",
                 ", ".join(x.address for x in config.listeners),
                 supervisor.target,
+                running_version(),
             )
-            systemd = asyncio.get_running_loop().create_task(
+            loop = asyncio.get_running_loop()
+            if not self._serving:
+                loop.call_later(READY_TIMEOUT_S, self._serve_anyway)
+            systemd = loop.create_task(
                 self.notifier.run(
                     self._service_state,
                     ready_timeout_s=READY_TIMEOUT_S,
@@ -178,11 +229,11 @@ class EdgeDaemon:
                 await supervisor.run()
             finally:
                 systemd.cancel()
+                self.reloader.close()
                 self.notifier.close()
         finally:
             await self.admin.close()
-            for _, sock in self.sockets:
-                sock.close()
+            self._listening.close()
 
     def stop(self) -> None:
         """Begin the graceful stop (what SIGTERM does)."""
@@ -190,36 +241,66 @@ class EdgeDaemon:
             self.supervisor.stop()
 
     def request_reload(self) -> bool:
-        """SIGHUP: reload certificates into the parent's own contexts (the ones
-        the next forked worker inherits; ticket keys kept), then let the
-        supervisor signal the workers. On failure the workers are not signalled:
-        the problem is logged once and they keep what they serve."""
-        self.notifier.reloading()
-        try:
-            self.certificates.reload()
-        except TlsConfigError as exc:
-            log.error("certificate reload failed, keeping the current certificates: %s", exc)
-            self.notifier.ready("certificate reload failed: serving the previous certificates")
-            return False
-        self.notifier.ready("certificates reloaded")
-        return True
+        """What SIGHUP does: reload in place (:mod:`geoedge.reload`)."""
+        return self.reloader.request()
+
+    def _stopping(self) -> None:
+        assert self.supervisor is not None
+        self.notifier.stopping(f"draining {self.supervisor.running} worker(s)")
+        self.reloader.close()
+
+    def _generation_ready(self) -> None:
+        if not self._serving:
+            log.info("every worker has a warm tunnel: serving")
+        self._serving = True
+        self.reloader.generation_ready()
+
+    def _serve_anyway(self) -> None:
+        if not self._serving:
+            log.warning(
+                "not every worker has a warm tunnel after %g s: serving anyway", READY_TIMEOUT_S
+            )
+            self._serving = True
+
+    def _describe(self) -> str:
+        assert self.supervisor is not None
+        return f"version {running_version()}, {self.supervisor.target} new worker(s) serving"
+
+    def _handover(self, replies: list[int], requested_at: float) -> Inheritance:
+        return handover_record(
+            listening=self._listening,
+            admin=self.admin,
+            reloader=self.reloader,
+            supervisor=self.supervisor,
+            metrics_dir=self._metrics_dir,
+            replies=replies,
+            requested_at=requested_at,
+        )
 
     def _parent_fds(self) -> list[int]:
         fd = self.admin.fileno() if self.admin is not None else None
-        return [fd] if fd is not None else []
+        return ([fd] if fd is not None else []) + self.reloader.fds()
 
     def _service_state(self) -> tuple[bool, bool, str]:
-        """(ready, stopping, STATUS=) for systemd: ready once a tunnel is up."""
+        """(ready, stopping, STATUS=) for systemd: ready once every worker is
+        (:meth:`_generation_ready`)."""
         assert self.supervisor is not None
         stats = self.supervisor.statistics()
         up = [name for name, count in tunnels_up().items() if count > 0]
         down = sorted({origin.name for origin in self.config.origins} - set(up))
         if stats.stopping:
             return bool(up), True, f"draining {stats.running} worker(s)"
-        text = f"{stats.running}/{stats.target} workers; tunnels up: {', '.join(up) or 'none'}"
+        text = (
+            f"{stats.running}/{stats.target} workers ({stats.ready} ready); "
+            f"tunnels up: {', '.join(up) or 'none'}"
+        )
         if down:
             text += f"; waiting for {', '.join(down)}"
-        return bool(up) and stats.running > 0, False, text
+        if stats.previous or stats.retiring:
+            text += (
+                f"; previous workers: {len(stats.previous)} serving, {len(stats.retiring)} draining"
+            )
+        return self.supervisor.generation_ready and bool(up), False, text
 
     # -- admin -------------------------------------------------------------------------
 
@@ -229,8 +310,10 @@ class EdgeDaemon:
         moment a drain starts."""
         draining = self.supervisor is not None and self.supervisor.statistics().stopping
         up = tunnels_up()
-        return not draining and any(v > 0 for v in up.values()), {
+        healthy = not draining and self._serving and any(v > 0 for v in up.values())
+        return healthy, {
             "draining": draining,
+            "starting": not self._serving,
             "tunnels_up": up,
         }
 
@@ -288,9 +371,12 @@ class EdgeDaemon:
 
     async def _worker_process(self, context: WorkerContext) -> int:
         """One worker: serve until SIGTERM, then drain; SIGHUP reloads
-        certificates, SIGUSR1 reopens the access log, SIGUSR2 logs a memory report."""
+        certificates, SIGUSR1 reopens the access log, SIGUSR2 logs a memory report.
+        Ready (to the supervisor) once a tunnel is warm; one that takes over
+        from others accepts no client before that."""
         worker = EdgeWorker(self.config, self.certificates, self.sockets)
-        await worker.start()
+        await worker.start(accept=not context.takeover)
+        ready = asyncio.get_running_loop().create_task(self._when_warm(worker, context))
         tune_gc()
         memory = MemoryKeeper("geoedge_edge", ("edge", "tunnel"))
         memory.start()
@@ -302,10 +388,17 @@ class EdgeDaemon:
         loop.add_signal_handler(signal.SIGUSR1, worker.reopen_logs)
         pipe = await listen_control(context, worker.on_control, lambda: None, worker.on_request)
         await stopping.wait()
+        ready.cancel()
         pipe.close()
         await worker.drain()
         memory.close()
         return 0
+
+    @staticmethod
+    async def _when_warm(worker: EdgeWorker, context: WorkerContext) -> None:
+        await worker.wait_warm()
+        worker.accept()
+        report_ready(context)
 
 
 def edge_certificates(config: EdgeConfig, acme: HeldCertificates | None = None) -> CertificateWatch:

@@ -14,8 +14,10 @@ phase                     deadline                                             a
 ``idle``                  the next request within ``keepalive_timeout_s``       close
 ``sending``               the request body progresses at least every            408
                           ``body_timeout_s``
-``waiting``               the response progresses at least every                504
-                          ``response_timeout_s`` (``long_poll_prefixes``:
+``waiting``               the response starts within ``first_byte_timeout_s``   504
+                          of the request's last octet, then progresses at
+                          least every ``between_bytes_timeout_s``
+                          (``long_poll_prefixes``: both are
                           ``websocket_idle_timeout_s``), unless the client's
                           own slowness paused it (the transport's send timeout
                           covers that)
@@ -23,7 +25,10 @@ phase                     deadline                                             a
                           ``websocket_idle_timeout_s``
 ========================  ===================================================  =======
 
-A 408 or 504 is written only if nothing of a response went out yet; otherwise
+The two ``waiting`` deadlines are the origin's (``[[pools]]
+first_byte_timeout_s``, ``between_bytes_timeout_s``: :mod:`origin.deadlines`)
+at the other hop, under the same names. A 408 or 504 is written only if
+nothing of a response went out yet; otherwise
 the connection is closed without close_notify (the client can tell the cut).
 The sweep's one-second period is the precision of every deadline.
 """
@@ -63,9 +68,16 @@ class Deadlines:
     header_s: float
     keepalive_s: float
     body_s: float
-    response_s: float
+    first_byte_s: float
+    between_bytes_s: float
     tunnel_idle_s: float
     long_poll_prefixes: tuple[str, ...] = ()
+
+    def is_long_poll(self, path: str) -> bool:
+        """``path`` is a long poll: the origin hears so (LONG_POLL, PROTOCOL.md
+        §6.2) and waits for it as the edge does."""
+        prefixes = self.long_poll_prefixes
+        return bool(prefixes) and path.startswith(prefixes)
 
 
 class Clock(Protocol):
@@ -79,6 +91,8 @@ class Clock(Protocol):
     def client_active_at(self) -> float: ...
     @property
     def upstream_active_at(self) -> float: ...
+    @property
+    def response_started(self) -> bool: ...
     @property
     def response_paused(self) -> bool: ...
     @property
@@ -97,11 +111,15 @@ def expired(clock: Clock, deadlines: Deadlines, now: float) -> Missed | None:
     if phase is Phase.WAITING:
         if clock.response_paused:
             return None
-        limit = deadlines.response_s
-        if deadlines.long_poll_prefixes and clock.awaited_path.startswith(
-            deadlines.long_poll_prefixes
-        ):
-            limit = deadlines.tunnel_idle_s
+        limit = response_limit(deadlines, clock.response_started, clock.awaited_path)
         return Missed.RESPONSE if now - clock.upstream_active_at > limit else None
     active = max(clock.client_active_at, clock.upstream_active_at)
     return Missed.TUNNEL_IDLE if now - active > deadlines.tunnel_idle_s else None
+
+
+def response_limit(deadlines: Deadlines, started: bool, path: str) -> float:
+    """Seconds the origin may be silent while a response is awaited: before
+    its first octet, after it, or for a long poll (HTTP/1.1 and HTTP/2 alike)."""
+    if deadlines.is_long_poll(path):
+        return deadlines.tunnel_idle_s
+    return deadlines.between_bytes_s if started else deadlines.first_byte_s

@@ -39,14 +39,15 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from edge.exchange_rules import Fault, Step, on_fault
+from edge.deadlines import Deadlines
+from edge.exchange_rules import MAX_RESENDS, Fault, Step, on_fault
 from edge.exchange_upstream import Upstream
 from edge.exchange_wait import TunnelWait, TunnelWaiters
 from edge.exchange_websocket import WebSocketClose, relay
 from edge.http1 import HttpLimits, RequestHeadReceived, ResponseHeadReceived, ResponseReader
 from edge.http1.events import Headers
 from edge.request_record import RequestRecord
-from edge.ws_frames import CLOSE_GOING_AWAY, FrameTracker
+from edge.ws_frames import CLOSE_GOING_AWAY, CLOSE_SERVICE_RESTART, FrameTracker
 from tunnel.aio.errors import TunnelError
 from tunnel.mux import ErrorCode
 from tunnel.mux.metadata import encode_request_fields
@@ -65,6 +66,7 @@ class ExchangeServices(TunnelWaiters, Protocol):
     http_limits: HttpLimits
     tunnel_wait_s: float
     draining: bool
+    deadlines: Deadlines
     cache: EdgeCache | None
     """The worker's cache and compressor (None: neither is on)."""
 
@@ -166,7 +168,13 @@ class Exchange:
         # The request's own items first: the origin decodes the connection's,
         # which follow, once per client connection (StreamMetadata.decode).
         self._connection_metadata = (
-            encode_request_fields(head.host, head.request_id, record.method, record.path)
+            encode_request_fields(
+                head.host,
+                head.request_id,
+                record.method,
+                record.path,
+                long_poll=services.deadlines.is_long_poll(record.path),
+            )
             + connection_metadata
         )
         self.decode_chunked = decode_chunked
@@ -223,8 +231,11 @@ class Exchange:
         self._send_up(data)
 
     def request_complete(self) -> None:
-        """The request (head and body) has been received whole from the client."""
+        """The request (head and body) has been received whole from the client:
+        the first-byte deadline counts from here (a slow upload is not the
+        backend's fault; the body deadline covered it)."""
         self.request_whole = True
+        self.upstream_active_at = time.monotonic()
 
     def client_half_closed(self) -> None:
         """The client closed its sending side of an upgraded connection."""
@@ -248,6 +259,23 @@ class Exchange:
         if to_client:
             self.client.response_data(self, to_client)
         self._send_up(closing.until_close(self.ws_up, b"", to_backend=True))  # type: ignore[arg-type]
+
+    def websocket_opened(self) -> None:
+        """The backend accepted the upgrade. If the worker drains already, or the
+        tunnel connection was told to go away before this answer came, the
+        closing of the others has passed this one by, and a deadline would cut
+        it without a Close: it is closed now instead (1001, or 1012 for the
+        origin going away), and its client reconnects."""
+        upstream = self.upstream
+        if self.services.draining:
+            code = CLOSE_GOING_AWAY
+        elif upstream is not None and getattr(
+            upstream.stream.get_extra_info("tunnel"), "goaway_received", False
+        ):
+            code = CLOSE_SERVICE_RESTART
+        else:
+            return
+        asyncio.get_running_loop().call_soon(self.close_websocket, code)
 
     def cancel(self, outcome: str = "client_closed", reason: str = "") -> None:
         """The client is gone (or the front end gives up): stop, quietly."""
@@ -327,7 +355,17 @@ class Exchange:
         request once on a fresh stream, else answer or cut, and finish."""
         record = self.record
         replayable = record.replay is not None and not record.retried
-        action = on_fault(fault, code=code, answered=record.answered, replayable=replayable)
+        resendable = record.replay is not None and record.resent < MAX_RESENDS
+        action = on_fault(
+            fault,
+            code=code,
+            answered=record.answered,
+            replayable=replayable,
+            resendable=resendable,
+        )
+        if action.step is Step.RESEND:
+            self._resend()
+            return
         if action.step is Step.REPLAY and self._replay():
             return
         self.services.count_error(action.outcome)
@@ -386,6 +424,17 @@ class Exchange:
 
     def _no_tunnel(self) -> None:
         self.fail(Fault.NO_TUNNEL, reason="no tunnel to any origin")
+
+    def _resend(self) -> None:
+        """The origin refused the stream unprocessed (it is going away): the same
+        request on another connection, or after a wait for one (:meth:`forward`:
+        not the cache again, which passed it on already)."""
+        record = self.record
+        self._drop_stream()
+        record.resent += 1
+        self._head = record.replay  # type: ignore[assignment]
+        self.services.count_error("resent")
+        self.forward()
 
     def _replay(self) -> bool:
         """Send the request again on a fresh stream (nothing of it was answered)."""

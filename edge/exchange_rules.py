@@ -7,6 +7,7 @@ choice is a function of them (STYLE.md §11), tested without sockets:
 =====================================  ==================  ==================
 fault                                  nothing sent yet    response started
 =====================================  ==================  ==================
+RESET REFUSED_STREAM (never processed)  resend, else 502   (n/a)
 RESET NO_BACKEND (origin: no backend)  503 ``no_backend``  close
 RESET TIMEOUT (origin's deadline)      504                 close
 other RESET (origin or tunnel died)    replay, else 502    close
@@ -17,7 +18,11 @@ edge's response deadline               504                 close
 no tunnel within ``tunnel_wait_s``     503 ``no_tunnel``   (n/a)
 =====================================  ==================  ==================
 
-"Replay" means: the request is bodiless and idempotent (RFC 9110 §9.2.2),
+"Resend" means: the origin refused the stream unprocessed (its GOAWAY, a
+reload or stop: PROTOCOL.md §6.6), so a bodiless request goes again on another
+connection, or waits for one as a new request does, without using up its
+replay, up to :data:`MAX_RESENDS` times. "Replay" means: the request is
+bodiless and idempotent (RFC 9110 §9.2.2),
 was not replayed before, and the fault says the origin failed rather than
 decided (NO_BACKEND and TIMEOUT are decisions: replaying a request to a hung
 backend would hang a second one). "Close" means the client sees a cut it can
@@ -41,7 +46,13 @@ class Fault(enum.Enum):
     NO_TUNNEL = "no_tunnel"
 
 
+#: How often one request is sent again after a refusal (PROTOCOL.md §6.6).
+MAX_RESENDS = 3
+
+
 class Step(enum.Enum):
+    RESEND = "resend"
+    """The stream was refused unprocessed: the same request on another connection."""
     REPLAY = "replay"
     ANSWER = "answer"
     """Write an error response with ``status`` (nothing of a response went out)."""
@@ -62,13 +73,17 @@ def on_fault(
     code: int | None = None,
     answered: bool,
     replayable: bool,
+    resendable: bool = False,
 ) -> Action:
     """The action for ``fault`` (``code``: the RESET's error code).
 
     ``answered``: some of the response already went to the client.
-    ``replayable``: bodiless, idempotent, not replayed before."""
+    ``replayable``: bodiless, idempotent, not replayed before.
+    ``resendable``: bodiless, not resent :data:`MAX_RESENDS` times yet."""
     outcome = fault.value
     status = 502
+    if fault is Fault.RESET and code == ErrorCode.REFUSED_STREAM and resendable and not answered:
+        return Action(Step.RESEND, status, outcome)
     if fault is Fault.RESET and code == ErrorCode.NO_BACKEND:
         outcome, status = "no_backend", 503
     elif (fault is Fault.RESET and code == ErrorCode.TIMEOUT) or fault is Fault.TIMEOUT:

@@ -60,6 +60,7 @@ class UpstreamOwner(Protocol):
 
     def fail(self, fault: Fault, *, code: int | None = None, reason: str) -> None: ...
     def finish(self) -> None: ...
+    def websocket_opened(self) -> None: ...
 
 
 class Upstream(asyncio.Protocol):
@@ -187,6 +188,7 @@ class Upstream(asyncio.Protocol):
             record.protocol = "ws"
             record.status = 101
             client.upgraded(exchange)
+            exchange.websocket_opened()
         elif kind is WebSocketRefused:
             exchange.fail(Fault.INVALID, reason="backend answered the upgrade with a bad handshake")
         elif kind is ResponseInvalid:

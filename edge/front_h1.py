@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 
 from edge.deadlines import Missed, Phase, expired
-from edge.exchange import RequestRecord
+from edge.exchange import Exchange, RequestRecord
 from edge.front_h1_requests import Http1Requests
 from edge.front_h1_responses import Http1Responses
 from edge.http1 import ClientContext, RequestReader
@@ -172,14 +172,34 @@ class Http1Connection(asyncio.Protocol):
         if missed is not None:
             self._time_out(missed)
 
-    def drain(self, websocket_close_in_s: float = 0.0) -> None:
+    def drain(self, websocket_close_in_s: float = 0.0, first_request_s: float = 0.0) -> None:
+        """Close after the request in hand (``Connection: close``); an idle
+        keep-alive connection now (a request the client sent meanwhile is one
+        it may retry, RFC 9112 §9.3.1); a fresh one (no request yet: its first
+        is on its way) once it is answered, or after ``first_request_s``
+        without one; a request head half read once it is answered."""
         requests = self._requests
-        if requests.phase in (Phase.IDLE, Phase.HEAD):
-            self._responses.close()
+        if requests.phase is Phase.IDLE:
+            if requests.requests_seen:
+                self._responses.close()
+            else:
+                asyncio.get_running_loop().call_later(first_request_s, self._close_if_unused)
         elif requests.phase is Phase.TUNNEL and requests.exchange is not None:
             asyncio.get_running_loop().call_later(
                 websocket_close_in_s, requests.exchange.close_websocket, CLOSE_GOING_AWAY
             )
+
+    def websockets(self) -> list[Exchange]:
+        requests = self._requests
+        exchange = requests.exchange
+        if requests.phase is Phase.TUNNEL and exchange is not None and exchange.upgraded:
+            return [exchange]
+        return []
+
+    def _close_if_unused(self) -> None:
+        requests = self._requests
+        if requests.phase is Phase.IDLE and not requests.requests_seen:
+            self._responses.close()
 
     def close_now(self, reason: str) -> None:
         log.debug("closing %s: %s", self.client_ip, reason)

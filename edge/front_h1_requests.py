@@ -79,6 +79,7 @@ class Http1Requests:
         "phase",
         "phase_since",
         "reader",
+        "requests_seen",
         "responses",
     )
 
@@ -104,8 +105,16 @@ class Http1Requests:
         self._held: list[Any] | None = None  # events behind the exchange in progress
         self._client_eof = False
         self.phase = Phase.IDLE
+        #: Request heads read on this connection (0: a fresh one, whose first
+        #: request a drain waits for: edge.worker.DRAIN_FIRST_REQUEST_S).
+        self.requests_seen = 0
         self.phase_since = opened_at  # the connection's first request is awaited from then
         self.client_active_at = opened_at
+
+    @property
+    def draining(self) -> bool:
+        """The worker drains: each response says ``Connection: close``."""
+        return self._services.draining
 
     # -- edge.deadlines.Clock ---------------------------------------------------------
 
@@ -113,6 +122,11 @@ class Http1Requests:
     def upstream_active_at(self) -> float:
         exchange = self.exchange
         return exchange.upstream_active_at if exchange is not None else self.client_active_at
+
+    @property
+    def response_started(self) -> bool:
+        exchange = self.exchange
+        return exchange is not None and exchange.record.first_byte > 0
 
     @property
     def response_paused(self) -> bool:
@@ -208,6 +222,7 @@ class Http1Requests:
 
     def _start(self, head: RequestHeadReceived) -> None:
         services = self._services
+        self.requests_seen += 1
         path = head.target.decode("latin-1")
         method = head.method.decode("latin-1")
         if is_readiness_check(method, path, services.http.readiness_path):
@@ -220,13 +235,9 @@ class Http1Requests:
                 record, readiness_response(ready, head_only=method == "HEAD")
             )
             return
-        if services.draining:
-            self.responses.answer_own(own_record(503, "edge is draining", "rejected", head))
-            return
         if not services.request_rate.allow(self.client_ip, self.client_active_at):
             self.responses.answer_own(own_record(429, "request rate limit", "rejected", head))
             return
-        path = head.target.decode("latin-1")
         if self._redirect:  # plain HTTP: an ACME HTTP-01 challenge the edge holds?
             key_authorization = services.acme_http01(head.host, path)
             if key_authorization is not None:

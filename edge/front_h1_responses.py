@@ -9,7 +9,7 @@ and resumes reading, and closes.
 
 - **The client's framing.** Response heads are forwarded as the backend wrote
   them, except: ``Connection: close`` when the client asked to close (its
-  request went up keep-alive), the backend's ``Connection`` fields dropped
+  request went up keep-alive) or the worker drains, the backend's ``Connection`` fields dropped
   when only the backend connection closes and the response is framed by
   length or chunks (the client's stays open: the next request takes another
   stream), and the edge's own fields (HSTS, ``X-Request-Id``).
@@ -57,6 +57,9 @@ class RequestSide(Protocol):
     exchange: Exchange | None
     reader: RequestReader
     phase: Phase
+
+    @property
+    def draining(self) -> bool: ...
 
     def hold(self, events: list[Any]) -> None:
         """Keep ``events`` until the exchange in progress ends."""
@@ -132,9 +135,11 @@ class Http1Responses:
                 requests.hold(requests.reader.upgrade_refused())
             # The backend's persistence fields speak of the origin's pooled
             # connection; the client's own goes by its request and the framing.
-            if not record.keep_alive or head.close_delimited:
-                data = closing_head(data, head.nominated)  # a close-delimited body
-                self.close_after = True  # ends where the client's connection does
+            if not record.keep_alive or head.close_delimited or self.requests.draining:
+                # A close-delimited body ends where the client's connection does;
+                # a draining worker closes after the request in hand.
+                data = closing_head(data, head.nominated)
+                self.close_after = True
             else:
                 data = reusable_head(data, head.nominated)
                 if record.announce_keep_alive:

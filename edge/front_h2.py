@@ -63,8 +63,8 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from edge.deadlines import Deadlines
-from edge.exchange import RequestRecord
+from edge.deadlines import Deadlines, response_limit
+from edge.exchange import Exchange, RequestRecord
 from edge.front_h2_requests import Http2Requests
 from edge.front_h2_session import H2Session
 from edge.front_h2_stream import RESPONSE_BUFFER
@@ -261,25 +261,35 @@ class Http2Connection(asyncio.Protocol):
                 if now - stream.client_active_at > deadlines.body_s:
                     exchange.reject(408, "request body timeout")
             elif not exchange.response_paused:
-                limit = deadlines.response_s
-                if deadlines.long_poll_prefixes and exchange.record.path.startswith(
-                    deadlines.long_poll_prefixes
-                ):
-                    limit = deadlines.tunnel_idle_s
+                record = exchange.record
+                limit = response_limit(deadlines, record.first_byte > 0, record.path)
                 if now - exchange.upstream_active_at > limit:
                     exchange.time_out()
 
-    def drain(self, websocket_close_in_s: float = 0.0) -> None:
+    def drain(self, websocket_close_in_s: float = 0.0, first_request_s: float = 0.0) -> None:
         """GOAWAY(NO_ERROR) (:meth:`H2Session.announce_going_away`): the streams
-        open finish, new ones are refused; closes when done. Its WebSockets
-        (RFC 8441 streams) get the edge's Close after ``websocket_close_in_s``."""
+        open finish, new ones are refused; closes when done. A fresh connection
+        (no stream yet: its first requests are on their way) gets its GOAWAY
+        after ``first_request_s``, so they are served, not refused. Its
+        WebSockets (RFC 8441 streams) get the edge's Close after
+        ``websocket_close_in_s``."""
         loop = asyncio.get_running_loop()
         for stream in self._session.streams.values():
             exchange = stream.exchange
             if exchange is not None and exchange.upgraded:
                 loop.call_later(websocket_close_in_s, exchange.close_websocket, CLOSE_GOING_AWAY)
-        self._session.announce_going_away()
+        if self._requests.streams_seen:
+            self._session.announce_going_away()
+        else:
+            loop.call_later(first_request_s, self._session.announce_going_away)
 
     def close_now(self, reason: str) -> None:
         log.debug("closing %s: %s", self.client_ip, reason)
         self._session.close()
+
+    def websockets(self) -> list[Exchange]:
+        return [
+            stream.exchange
+            for stream in self._session.streams.values()
+            if stream.exchange is not None and stream.exchange.upgraded
+        ]

@@ -103,7 +103,7 @@ class Http2Requests:
         session = self._session
         self.streams_seen += 1
         self.last_stream_at = time.monotonic()
-        if session.going_away or services.draining:
+        if session.going_away:
             session.conn.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
         fields = event.headers

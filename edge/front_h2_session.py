@@ -53,7 +53,7 @@ class H2Session:
       or an exchange's ``writes_begin``/``writes_end``, is under way); at most
       one deferred flush (``flush_soon``) is pending;
     - ``streams`` holds the streams not yet settled; once ``going_away`` (the
-      client's GOAWAY, ours, or the edge draining), no stream is added and the
+      client's GOAWAY, or ours: the edge draining), no stream is added and the
       connection closes when the last one settles;
     - ``floods`` counts what the client sent of each kind :mod:`edge.h2_floods`
       bounds; past a bound the connection goes away (:meth:`count`);
@@ -159,11 +159,11 @@ class H2Session:
     def stream_done(self, stream_id: int) -> None:
         streams = self.streams
         streams.pop(stream_id, None)
-        if (self.going_away or self.services.draining) and not streams:
+        if self.going_away and not streams:
             self.close()
 
     def close_if_done(self) -> None:
-        if (self.going_away or self.services.draining) and not self.streams:
+        if self.going_away and not self.streams:
             self.close()
 
     def announce_going_away(self) -> None:

@@ -33,7 +33,12 @@ from typing import Any
 
 from edge.config import ListenerConfig
 from edge.tls_transport import LINGER_S, SEND_TIMEOUT_S, TlsServerTransport
-from geoedge.proxy import ProxyHeaderParser, ProxyProtocolError, looks_like_proxy_header
+from geoedge.proxy import (
+    ProxyErrorReason,
+    ProxyHeaderParser,
+    ProxyProtocolError,
+    looks_like_proxy_header,
+)
 
 log = logging.getLogger("geoedge.edge")
 
@@ -75,10 +80,12 @@ async def _wait_readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -
 
 
 async def read_proxy_header(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, version: str = "any"
 ) -> tuple[str, int] | None:
     """Consume exactly one PROXY header from ``sock``; the client address (None
     for a LOCAL header, e.g. the load balancer's own health check).
+    ``version``: the listener's ``proxy_protocol`` (``v1``, ``v2`` or ``any``):
+    a header of another version is refused, naming both.
 
     The header is peeked, not read, so that not one byte of the ClientHello
     behind it is taken from OpenSSL. While it is incomplete, ``SO_RCVLOWAT``
@@ -94,10 +101,17 @@ async def read_proxy_header(
             buffered = len(peeked)
             if looks_like_proxy_header(peeked) is False:
                 raise ClientRefused("no PROXY header from a trusted peer")
-            parser = ProxyHeaderParser(max_v2_bytes=4096)  # peeked bytes are re-read whole
+            parser = ProxyHeaderParser(  # peeked bytes are re-read whole
+                accept_v1=version != "v2", accept_v2=version != "v1", max_v2_bytes=4096
+            )
             try:
                 header = parser.feed(peeked)
             except ProxyProtocolError as exc:
+                if exc.reason is ProxyErrorReason.VERSION_DISABLED:
+                    sent = "v2" if version == "v1" else "v1"
+                    raise ClientRefused(
+                        f'a PROXY {sent} header on a listener with proxy_protocol = "{version}"'
+                    ) from None
                 raise ClientRefused(f"malformed PROXY header: {exc}") from None
             if header is not None:
                 sock.recv(len(peeked) - len(parser.remainder))  # the header only; TLS follows
@@ -265,7 +279,8 @@ class ProxyListener(Listener):
                 client = peer
             else:
                 async with asyncio.timeout(PROXY_HEADER_TIMEOUT_S):
-                    client = await read_proxy_header(loop, conn) or peer
+                    version = self._config.proxy_protocol
+                    client = await read_proxy_header(loop, conn, version) or peer
             release = self._admit(client[0]) if self._admit is not None else None
             if self._admit is not None and release is None:
                 conn.close()

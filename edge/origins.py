@@ -70,7 +70,9 @@ class OriginSet:
         origins: Sequence[OriginConfig],
         session_config: SessionConfig,
         control_handlers: Mapping[int, ControlHandler] | None = None,
+        on_goaway: Callable[[TunnelConnection], None] | None = None,
     ) -> None:
+        """``on_goaway(connection)``: an origin told a tunnel connection to go away."""
         self._configs = {o.name: o for o in origins}
         self._rng = random.Random()
         self._waiters: dict[TunnelWaiter, None] = {}  # insertion-ordered: first come, first served
@@ -98,6 +100,7 @@ class OriginSet:
                 size=dial_config.connections,
                 backoff=Backoff(dial_config.backoff_base_s, dial_config.backoff_cap_s),
                 on_usable=self._tunnel_usable,
+                on_goaway=on_goaway,
             )
 
     def start(self) -> None:
@@ -142,6 +145,15 @@ class OriginSet:
     @property
     def any_usable(self) -> bool:
         return any(pool.usable for pool in self.pools.values())
+
+    @property
+    def any_warm(self) -> bool:
+        """Some origin has a usable connection done warming its window."""
+        return any(
+            connection.can_open_stream and not connection.warming
+            for pool in self.pools.values()
+            for connection in pool.connections
+        )
 
     async def wait_ready(self) -> None:
         await asyncio.wait(

@@ -45,6 +45,8 @@ class RequestRecord:
     out_end: int = -1
     first_byte: float = 0.0
     retried: bool = False
+    resent: int = 0
+    """Times it went again after an origin refused its stream unprocessed."""
     outcome: str = "ok"
     reason: str = ""
     """Why the edge answered, refused or cut it (logs only, never the wire)."""

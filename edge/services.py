@@ -15,7 +15,7 @@ from typing import Protocol
 from edge.admission import RequestRate
 from edge.config import HttpConfig, RedirectListenerConfig
 from edge.deadlines import Deadlines
-from edge.exchange import ExchangeServices, RequestRecord
+from edge.exchange import Exchange, ExchangeServices, RequestRecord
 from edge.http1 import HttpLimits
 
 __all__ = ["ClientConnection", "ClientFacts", "EdgeServices"]
@@ -54,11 +54,15 @@ class ClientConnection(Protocol):
     def sweep(self, now: float) -> None:
         """Apply the deadlines (once a second, edge.deadlines)."""
 
-    def drain(self, websocket_close_in_s: float = 0.0) -> None:
+    def drain(self, websocket_close_in_s: float = 0.0, first_request_s: float = 0.0) -> None:
         """The edge is draining: finish what is in flight, take nothing new; its
-        WebSockets get the edge's Close (1001) after ``websocket_close_in_s``."""
+        WebSockets get the edge's Close (1001) after ``websocket_close_in_s``; a
+        connection with no request yet gets ``first_request_s`` to send one."""
 
     def close_now(self, reason: str) -> None: ...
+
+    def websockets(self) -> list[Exchange]:
+        """The accepted WebSockets this connection carries, not yet finished."""
 
 
 class EdgeServices(ExchangeServices, Protocol):

@@ -15,8 +15,9 @@ the key-exchange groups and OCSP stapling.
   responses) *into the same context objects* (``load_cert_chain`` replaces
   the chain of that key type), so ticket keys survive a reload, and
   connections already established are not touched. A file that fails to load
-  leaves everything as it was. The supervisor reloads its own store too, so a
-  worker forked after a reload (a restart) starts with the current files.
+  leaves everything as it was. (A worker does this on a SIGHUP of its own; the
+  daemon's reload, :mod:`geoedge.reload`, builds new contexts in a fresh
+  supervisor instead, whose workers share new ticket keys.)
 - ECDSA and RSA: certificates for the same names share one context, and
   OpenSSL serves the one the client's signature algorithms allow.
 - Key-exchange groups: Mozilla "intermediate" (X25519, P-256, P-384) by

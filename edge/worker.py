@@ -19,7 +19,6 @@ with ``worker.control_handlers.add(kind, handler)`` when it is built
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import itertools
 import logging
@@ -46,11 +45,13 @@ from edge.metrics import EdgeMetrics
 from edge.origins import OriginSet
 from edge.services import ClientConnection, ClientFacts
 from edge.tls import CertificateStore
+from edge.ws_frames import CLOSE_SERVICE_RESTART
 from geoedge.acme_wire import ACME_CERTIFICATE_SET, ACME_KINDS
 from geoedge.cache_purge import PurgeError, parse_purge
 from geoedge.logs import AccessLog, LogThrottle
 from geoedge.metrics import ProcessMetrics, Tally
 from geoedge.workers import resolve_worker_count, worker_share
+from tunnel.aio.connection import TunnelConnection
 from tunnel.aio.control import ControlHandlers, ControlReply, echo
 from tunnel.aio.stream import TunnelStream
 from tunnel.aio.tcp_info import RetransmitTally
@@ -60,6 +61,14 @@ log = logging.getLogger("geoedge.edge")
 throttled = LogThrottle(log)
 
 SWEEP_INTERVAL_S = 1.0
+#: How often a worker getting ready looks at its tunnels (a few seconds at most).
+WARM_POLL_S = 0.05
+#: How often a drain looks whether every connection is closed.
+DRAIN_POLL_S = 0.05
+#: A drain gives a connection with no request yet this long to send one: its
+#: client finished the handshake and sent it, or is about to (one round trip
+#: for TLS 1.2); answering it beats closing it unanswered.
+DRAIN_FIRST_REQUEST_S = 2.0
 
 
 class EdgeWorker:
@@ -80,7 +89,8 @@ class EdgeWorker:
             header_s=http.header_timeout_s,
             keepalive_s=http.keepalive_timeout_s,
             body_s=http.body_timeout_s,
-            response_s=http.response_timeout_s,
+            first_byte_s=http.first_byte_timeout_s,
+            between_bytes_s=http.between_bytes_timeout_s,
             tunnel_idle_s=http.websocket_idle_timeout_s,
             long_poll_prefixes=http.long_poll_prefixes,
         )
@@ -91,12 +101,15 @@ class EdgeWorker:
         self._sockets = sockets
         #: How this worker answers the origins' CONTROL messages, by kind.
         self.control_handlers = ControlHandlers({ControlKind.ECHO: echo})
-        self.origins = OriginSet(config.origins, config.tunnel, self.control_handlers)
+        self.origins = OriginSet(
+            config.origins,
+            config.tunnel,
+            self.control_handlers,
+            on_goaway=self._tunnel_going_away,
+        )
         self.connections: set[ClientConnection] = set()
-        #: Set while no client connection is open (what a drain waits for).
-        self._no_connections = asyncio.Event()
-        self._no_connections.set()
         self.draining = False
+        self._websocket_window_s = 0.0
         self._listeners: list[Listener] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._id_prefix = os.urandom(4).hex()
@@ -107,14 +120,14 @@ class EdgeWorker:
         self._retransmits = RetransmitTally()
         self.metrics = EdgeMetrics()
         self.process_metrics = ProcessMetrics("edge")
-        limits = config.limits
+        caps = config.admission
         # The caps are per host: this worker enforces its share.
         workers = resolve_worker_count(config.edge.workers)
         self.admission = ConnectionAdmission(
-            worker_share(limits.max_connections, workers),
-            worker_share(limits.max_connections_per_client_ip, workers),
+            worker_share(caps.max_connections, workers),
+            worker_share(caps.max_connections_per_client_ip, workers),
         )
-        self.request_rate = RequestRate(limits.requests_per_s_per_client_ip, limits.request_burst)
+        self.request_rate = RequestRate(caps.requests_per_s_per_client_ip, caps.request_burst)
         #: The worker's ACME tables (None without [acme] enabled).
         self.acme = (
             None
@@ -138,21 +151,37 @@ class EdgeWorker:
                 config.cache,
                 config.compression,
                 config.edge.id,
-                response_timeout_s=http.response_timeout_s,
+                response_timeout_s=http.first_byte_timeout_s,
             )
         self.control_handlers.add(ControlKind.CACHE_PURGE, self.purge_from_origin)
 
     # -- life cycle -----------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, *, accept: bool = True) -> None:
+        """Dial the origins and start the sweep; accept clients now, or (``accept``
+        False: other workers serve meanwhile) only once :meth:`accept` is called."""
         if self.certificates.acme is not None:
             # What other workers stored since the supervisor forked this one.
             self.certificates.load_acme()
             self._export_acme()
         self.origins.start()
+        if accept:
+            self.accept()
+        self._tasks.append(asyncio.create_task(self._sweep()))
+
+    def accept(self) -> None:
+        """Start accepting clients on every listening socket (once; not while draining)."""
+        if self._listeners or self.draining:
+            return
         for listener, sock in self._sockets:
             self._listeners.append(self._listen(listener, sock))
-        self._tasks.append(asyncio.create_task(self._sweep()))
+
+    async def wait_warm(self) -> None:
+        """Until a tunnel connection to some origin is up and warm
+        (:mod:`tunnel.aio.warmup`): a request sent now crosses a grown window
+        and queues behind no warm-up padding."""
+        while not self.origins.any_warm:
+            await asyncio.sleep(WARM_POLL_S)
 
     def _listen(self, listener: ListenerConfig | None, sock: socket.socket) -> Listener:
         """Start accepting on ``sock``: its listener's kind of connections."""
@@ -161,7 +190,7 @@ class EdgeWorker:
             return RedirectListener(
                 sock, lambda: Http1Connection(self, trusted=False, scheme="http", redirect=True)
             )
-        if listener.proxy_protocol:
+        if listener.proxy_protocol != "off":
             return ProxyListener(
                 sock,
                 listener,
@@ -228,22 +257,51 @@ class EdgeWorker:
         self.draining = True
         for accepting in self._listeners:
             accepting.close()
-        for task in self._tasks:
-            task.cancel()
         # WebSockets closed at random moments over the window: their clients
         # reconnect spread out, not as one wave.
         edge = self.config.edge
-        window = min(edge.drain_websocket_window_s, edge.drain_timeout_s)
+        self._websocket_window_s = min(edge.drain_websocket_window_s, edge.drain_timeout_s)
         for connection in list(self.connections):
-            connection.drain(random.uniform(0.0, window))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._no_connections.wait(), edge.drain_timeout_s)
+            self._drain_one(connection)
+        # Until every connection this worker accepted is closed, those still in
+        # their TLS handshake too (connection_opened drains them as they come):
+        # a client whose handshake began before the drain gets its answer.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + edge.drain_timeout_s
+        while (self.connections or self.admission.open_connections) and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        for task in self._tasks:
+            task.cancel()
         for connection in list(self.connections):
             connection.close_now("drain timeout")
         await self.origins.close(drain_timeout_s=1.0)
         self.tally.publish()
         if self.access_log is not None:
             self.access_log.close()
+
+    def _tunnel_going_away(self, tunnel: TunnelConnection) -> None:
+        """An origin told ``tunnel`` to go away (it reloads or stops): requests
+        finish on it, new ones take another connection, but a WebSocket would
+        last until the origin's drain deadline cut it. Each WebSocket on it is
+        closed by the edge instead, with 1012 (service restart: reconnect),
+        at a random moment within ``drain_websocket_window_s``, so its client
+        reconnects through another tunnel connection, spread out. Keep that
+        window below the origin's ``drain_timeout_s``."""
+        loop = asyncio.get_running_loop()
+        window = self.config.edge.drain_websocket_window_s
+        closing = 0
+        for connection in self.connections:
+            for exchange in connection.websockets():
+                upstream = exchange.upstream
+                if upstream is not None and upstream.stream.get_extra_info("tunnel") is tunnel:
+                    delay = random.uniform(0.0, window)
+                    loop.call_later(delay, exchange.close_websocket, CLOSE_SERVICE_RESTART)
+                    closing += 1
+        if closing:
+            log.info("closing %d WebSocket(s) of a tunnel going away over %g s", closing, window)
+
+    def _drain_one(self, connection: ClientConnection) -> None:
+        connection.drain(random.uniform(0.0, self._websocket_window_s), DRAIN_FIRST_REQUEST_S)
 
     def reopen_logs(self) -> None:
         """SIGUSR1: reopen the access log by name (after logrotate moved it)."""
@@ -389,7 +447,8 @@ class EdgeWorker:
 
     def connection_opened(self, connection: ClientConnection, facts: ClientFacts) -> None:
         self.connections.add(connection)
-        self._no_connections.clear()
+        if self.draining:  # its handshake began before the drain
+            self._drain_one(connection)
         tally, m = self.tally, self.metrics
         if facts.tls_version is not None:
             tally.add(m.connections, "https")
@@ -401,8 +460,6 @@ class EdgeWorker:
 
     def connection_closed(self, connection: ClientConnection) -> None:
         self.connections.discard(connection)
-        if not self.connections:
-            self._no_connections.set()
 
     def wait_for_tunnel(self, waiter: TunnelWait) -> bool:
         return self.origins.wait_for_tunnel(waiter)

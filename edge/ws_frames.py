@@ -19,10 +19,18 @@ from __future__ import annotations
 import os
 import struct
 
-__all__ = ["CLOSE_GOING_AWAY", "CLOSE_NO_STATUS", "FrameTracker", "close_frame"]
+__all__ = [
+    "CLOSE_GOING_AWAY",
+    "CLOSE_NO_STATUS",
+    "CLOSE_SERVICE_RESTART",
+    "FrameTracker",
+    "close_frame",
+]
 
 #: The endpoint is going away (a server shutting down): RFC 6455 §7.4.1.
 CLOSE_GOING_AWAY = 1001
+#: The service restarts: reconnect (IANA WebSocket close code registry, RFC 6455 §11.7).
+CLOSE_SERVICE_RESTART = 1012
 #: A Close frame without a status code (§7.1.5: "no status code was present").
 CLOSE_NO_STATUS = 1005
 _OPCODE_CLOSE = 0x8

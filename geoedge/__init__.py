@@ -4,7 +4,8 @@
 them; everything they share that is not the protocol lives here, one module per
 concern:
 
-- configuration: :mod:`geoedge.config` (schema, loading, renamed keys),
+- configuration: :mod:`geoedge.config` (schema, loading), :mod:`geoedge.config_renames`
+  (renamed keys and values), :mod:`geoedge.config_toml` (TOML spelling),
   :mod:`geoedge.config_render`, :mod:`geoedge.config_reference` (docs/configuration.md)
 - processes: :mod:`geoedge.workers` (the prefork supervisor), :mod:`geoedge.listening`
   (the one ``bind_listener``), :mod:`geoedge.systemd` (sd_notify, watchdog)

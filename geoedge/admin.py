@@ -39,6 +39,7 @@ from prometheus_client.registry import Collector
 
 from geoedge.metrics import FamilyFilter, exposition
 from geoedge.status_page import REFRESH_S, StatusPage, render, render_main
+from geoedge.systemd import same_address
 from tunnel.aio.transport import parse_host_port
 
 __all__ = ["AdminServer", "HealthReport"]
@@ -108,13 +109,20 @@ class AdminServer:
         self._sock: socket.socket | None = None
         self.port = 0
 
-    async def start(self) -> None:
+    async def start(self, inherited: socket.socket | None = None) -> None:
+        """Listen; on ``inherited`` (the socket of the supervisor's previous image,
+        :mod:`geoedge.reexec`) if it is bound to this address, else on a new one."""
         host, port = parse_host_port(self.address)
-        # Our own socket rather than TCPSite: the bound port (port 0 in tests) and the
-        # descriptor (which forked workers close) are then ours to read.
-        self._sock = socket.create_server(
-            (host, port), family=_family(host), reuse_port=False, backlog=128
-        )
+        if inherited is not None and same_address(inherited, host, port):
+            self._sock = inherited
+        else:
+            if inherited is not None:
+                inherited.close()  # the reload moved the admin listener
+            # Our own socket rather than TCPSite: the bound port (port 0 in tests) and
+            # the descriptor (which forked workers close) are then ours to read.
+            self._sock = socket.create_server(
+                (host, port), family=_family(host), reuse_port=False, backlog=128
+            )
         self._sock.setblocking(False)
         self.port = self._sock.getsockname()[1]
         self._runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
@@ -136,6 +144,10 @@ class AdminServer:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+    def listening_socket(self) -> socket.socket | None:
+        """The listening socket (what a re-exec passes on)."""
+        return self._sock
 
     def fileno(self) -> int | None:
         """The listening socket's descriptor (a forked worker closes its copy)."""

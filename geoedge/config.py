@@ -11,13 +11,11 @@ nowhere else. This module is the one loader for all of them:
 - Every wrong key is an error naming the file, the table and the key, with a
   "did you mean" for misspellings; problems are collected, so one run reports
   all of them (hypercorn, our counter-example, silently ignores unknown keys).
-- Renamed keys keep working: a root schema's ``RENAMED_KEYS`` class attribute
-  maps an old dotted path to its new one (``"http.access_log":
-  "edge.access_log"``, ``[]`` for each entry of an array of tables:
-  ``"listeners[].old": "listeners[].new"``); the loader moves the value and
-  logs a deprecation warning naming the file, the old key and the new one.
-  Giving both is an error. Any table, a new one included, can declare its
-  renames there.
+- Renamed keys and values keep working: a root schema declares them
+  (``RENAMED_KEYS``, ``RENAMED_VALUES``: :mod:`geoedge.config_renames`); the
+  loader reads the old spelling as the new one and logs a deprecation warning
+  naming the file, the old key and the new one. Giving both is an error. Any
+  table, a new one included, can declare its renames there.
 - Relative :class:`~pathlib.Path` values are resolved against the directory of
   the config file, so a config can name its certificates next to itself.
 - :func:`geoedge.config_render.config_to_toml` renders a config, or a
@@ -38,7 +36,6 @@ Units live in field names only (``stall_timeout_s = 60.0``); strings such as
 from __future__ import annotations
 
 import ast
-import copy
 import dataclasses
 import difflib
 import enum
@@ -47,7 +44,6 @@ import inspect
 import ipaddress
 import itertools
 import logging
-import math
 import os
 import re
 import textwrap
@@ -58,6 +54,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePath
 from typing import Any, TypeVar
 
+from geoedge.config_renames import apply_renames, renamed_keys
+from geoedge.config_toml import toml_key, toml_value
+
 __all__ = [
     "ConfigError",
     "ConfigProblem",
@@ -65,7 +64,6 @@ __all__ = [
     "describe_type",
     "field_docs",
     "load_config",
-    "renamed_keys",
     "schema_fields",
     "toml_key",
     "toml_value",
@@ -76,7 +74,6 @@ log = logging.getLogger("geoedge.config")
 T = TypeVar("T")
 KeyPath = tuple[str | int, ...]
 
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _TOML_LINE = re.compile(r"at line (\d+)")
 _IP_TYPES: dict[type, Any] = {
     ipaddress.IPv4Network: functools.partial(ipaddress.ip_network, strict=True),
@@ -100,7 +97,7 @@ def _render_key(parts: KeyPath) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            name = part if _BARE_KEY.fullmatch(part) else _quote(part)
+            name = toml_key(part)
             out += f".{name}" if out else name
     return out
 
@@ -226,6 +223,7 @@ def _check_schema(schema: type) -> None:
     if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
         raise TypeError(f"a config schema must be a dataclass type, not {schema!r}")
     describe_type(schema)
+    renamed_keys(schema)  # a declaration the loader cannot apply is a schema bug
     _CHECKED_SCHEMAS.add(schema)
 
 
@@ -392,71 +390,6 @@ class _Loader:
             return self.fail(where, str(exc), is_table=True)
 
 
-def renamed_keys(schema: type) -> Mapping[str, str]:
-    """Old dotted key path -> new one, as the root ``schema`` declares them."""
-    renames: Mapping[str, str] = getattr(schema, "RENAMED_KEYS", {})
-    return renames
-
-
-def _split_path(path: str) -> list[str]:
-    return path.split(".")
-
-
-def _tables_at(data: Any, parts: list[str], where: KeyPath) -> list[tuple[Any, KeyPath]]:
-    """The (mutable) tables that ``parts`` (``a``, ``b[]``...) lead to in ``data``."""
-    found = [(data, where)]
-    for part in parts:
-        step = []
-        for table, at in found:
-            if not isinstance(table, dict):
-                continue
-            name = part.removesuffix("[]")
-            value = table.get(name)
-            if part.endswith("[]") and isinstance(value, list):
-                step += [(v, (*at, name, i)) for i, v in enumerate(value) if isinstance(v, dict)]
-            elif not part.endswith("[]") and isinstance(value, dict):
-                step.append((value, (*at, name)))
-        found = step
-    return found
-
-
-def _apply_renames(
-    data: Mapping[str, Any], renames: Mapping[str, str], problems: list[ConfigProblem]
-) -> tuple[dict[str, Any], list[ConfigProblem]]:
-    """``data`` with each old key moved to its new place; the deprecations."""
-    out: dict[str, Any] = copy.deepcopy(dict(data))
-    deprecated = []
-    for old, new in renames.items():
-        *old_tables, old_key = _split_path(old)
-        *new_tables, new_key = _split_path(new)
-        for table, at in _tables_at(out, old_tables, ()):
-            if old_key not in table:
-                continue
-            value = table.pop(old_key)
-            if old_tables == new_tables:
-                target: dict[str, Any] | None = table
-            else:
-                target = out
-                for part in new_tables:  # a move between tables: create the new one
-                    nxt = target.setdefault(part, {})
-                    target = nxt if isinstance(nxt, dict) else None
-                    if target is None:
-                        break
-            if target is None or new_key in target:
-                problems.append(
-                    ConfigProblem(
-                        (*at, old_key),
-                        f"renamed to {new}: give only the new key (both are set)",
-                    )
-                )
-                continue
-            target[new_key] = value
-            deprecated.append(
-                ConfigProblem((*at, old_key), f"deprecated: renamed to {new} (move it there)")
-            )
-    return out, deprecated
-
-
 def config_from_mapping(
     data: Mapping[str, Any],
     schema: type[T],
@@ -468,16 +401,18 @@ def config_from_mapping(
 
     ``base_dir`` is where relative paths are resolved; without it they stay
     relative. ``source`` names the origin of ``data`` in error messages.
-    A renamed key (``schema.RENAMED_KEYS``) is moved to its new name and
-    logged once as deprecated, naming the file and both keys.
+    A renamed key or value (:mod:`geoedge.config_renames`) is read under its
+    new name and logged as deprecated, naming the file, the old key and the
+    new one; a key given under both names is an error.
     """
     _check_schema(schema)
     loader = _Loader(Path(base_dir) if base_dir is not None else None)
-    renames = renamed_keys(schema)
-    if renames:
-        data, deprecated = _apply_renames(data, renames, loader.problems)
-        for problem in deprecated:
-            log.warning("%s: %s", source, problem)
+    data, deprecated, twice = apply_renames(data, schema)
+    for renamed in deprecated:
+        problem = ConfigProblem(renamed.where, renamed.message, renamed.is_table)
+        log.warning("%s: %s", source, problem)
+    for renamed in twice:
+        loader.fail(renamed.where, renamed.message, is_table=renamed.is_table)
     result: T = loader.load_table(data, schema, ())
     if loader.problems:
         raise ConfigError(source, loader.problems)
@@ -541,52 +476,3 @@ def field_docs(schema: type) -> dict[str, str]:
         if dataclasses.is_dataclass(cls):
             docs.update(_own_field_docs(cls))
     return docs
-
-
-# --------------------------------------------------------------------------- TOML spelling
-
-_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f"}
-_ESCAPES["\r"] = "\\r"
-
-
-def _quote(text: str) -> str:
-    """A TOML basic string (json.dumps would write surrogate pairs TOML refuses)."""
-    out = []
-    for char in text:
-        escaped = _ESCAPES.get(char)
-        if escaped is None and (char < " " or char == "\x7f"):
-            escaped = f"\\u{ord(char):04x}"
-        out.append(escaped or char)
-    return '"' + "".join(out) + '"'
-
-
-def toml_key(name: str) -> str:
-    return name if _BARE_KEY.fullmatch(name) else _quote(name)
-
-
-def toml_value(value: Any) -> str:
-    """An inline TOML value."""
-    if isinstance(value, enum.Enum):
-        value = value.value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        return ("inf" if value > 0 else "-inf") if math.isinf(value) else repr(value)
-    if isinstance(value, str):
-        return _quote(value)
-    if isinstance(value, (PurePath, *_IP_TYPES)):
-        return _quote(str(value))
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}
-    if isinstance(value, Mapping):
-        inner = ", ".join(
-            f"{toml_key(k)} = {toml_value(v)}" for k, v in value.items() if v is not None
-        )
-        return "{ " + inner + " }" if inner else "{}"
-    raise TypeError(f"cannot render {value!r} as TOML")

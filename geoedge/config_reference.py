@@ -4,7 +4,8 @@
 equal to what this prints, so the reference cannot drift from the loader.
 Every table of ``edge.toml`` and ``origin.toml`` gets a section, with each
 key's TOML type, default and docstring: the same source as the example
-configs and ``geoedge config --defaults``.
+configs and ``geoedge config --defaults``. Each file's renamed keys and
+values (:mod:`geoedge.config_renames`) are listed after its tables.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from geoedge.config import describe_type, field_docs, schema_fields, toml_value
+from geoedge.config_renames import rename_table
 from geoedge.config_render import _array_item_schema, _table_schema
 
 __all__ = ["reference_markdown"]
@@ -91,7 +93,24 @@ def _section(role: str, schema: type) -> list[str]:
                 f"| `{name}` | {_cell(kind)} | {_cell(_default(f))} | {_cell(docs.get(name, ''))} |"
             )
         lines.append("")
-    return lines
+    return lines + _renames(role, schema)
+
+
+def _renames(role: str, schema: type) -> list[str]:
+    rows = rename_table(schema)
+    if not rows:
+        return []
+    lines = [
+        f"### Renamed in {role}.toml",
+        "",
+        "The old names still load, with a warning naming the file, the old key and",
+        "the new one; a key given under both names is an error.",
+        "",
+        "| old | new |",
+        "| --- | --- |",
+    ]
+    lines += [f"| {_cell(old)} | {_cell(new)} |" for old, new in rows]
+    return [*lines, ""]
 
 
 def reference_markdown(schemas: Sequence[tuple[str, type]]) -> str:

@@ -135,7 +135,7 @@ def edge_toml(
     workers: int = 1,
     drain_timeout_s: float = 5.0,
     access_log: str | Path | None = None,
-    limits: Mapping[str, int] | None = None,
+    admission: Mapping[str, int] | None = None,
     tunnel: Mapping[str, float] | None = None,
     origin_tunnel: Mapping[str, object] | None = None,
     comment: str = "",
@@ -151,8 +151,8 @@ def edge_toml(
     tunnel per ``(name, port)`` of ``origins`` authenticated with ``keys.edge``
     and ``keys.ca``.
 
-    ``access_log`` (``""`` turns it off; [edge]), ``limits`` and ``tunnel``
-    (the [limits] and [tunnel] tables) are left out when None; ``origin_tunnel``:
+    ``access_log`` (``""`` turns it off; [edge]), ``admission`` and ``tunnel``
+    (the [admission] and [tunnel] tables) are left out when None; ``origin_tunnel``:
     more keys of each [origins.tunnel]. The ``*_keys`` strings are TOML lines
     added to the table they name ([edge], [[listeners]], [tls], the first
     [[tls.certificates]], which may be followed by more entries); ``top`` goes
@@ -173,7 +173,7 @@ ca = "{keys.ca}"
         for name, port in origins
     )
     access = "" if access_log is None else f'access_log = "{access_log}"\n'
-    limits_table = "" if limits is None else f"\n[limits]\n{_keys(limits)}"
+    admission_table = "" if admission is None else f"\n[admission]\n{_keys(admission)}"
     tunnel_table = "" if tunnel is None else f"\n[tunnel]\n{_keys(tunnel)}"
     return f"""{comment and f"# {comment}"}
 {top}
@@ -190,7 +190,7 @@ address = "{LOCALHOST}:{https_port}"
 [[tls.certificates]]
 cert = "{certificate.cert}"
 key = "{certificate.key}"
-{certificate_keys}{limits_table}
+{certificate_keys}{admission_table}
 [admin]
 address = "{LOCALHOST}:{admin_port}"
 {tunnel_table}{extra}{origin_tables}"""

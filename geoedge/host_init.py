@@ -238,7 +238,7 @@ def edge_config_mapping(choices: EdgeChoices) -> dict[str, Any]:
         origins.append(origin)
     listener: dict[str, Any] = {"address": "0.0.0.0:443"}
     if choices.nlb_cidr is not None:
-        listener |= {"proxy_protocol": True, "trusted_proxies": [choices.nlb_cidr]}
+        listener |= {"proxy_protocol": "v2", "trusted_proxies": [choices.nlb_cidr]}
     return {
         "edge": {"id": choices.edge_id, "access_log": "/var/log/geoedge/access.log"},
         "listeners": [listener],

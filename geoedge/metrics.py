@@ -47,6 +47,8 @@ from prometheus_client import (
 )
 from prometheus_client.metrics_core import Metric
 
+from geoedge.version import build_mode, running_version
+
 __all__ = [
     "ENV_VAR",
     "LATENCY_BUCKETS",
@@ -76,18 +78,23 @@ LATENCY_BUCKETS = (
 GaugeMode = Literal["livesum", "liveall", "livemax", "livemin", "max", "min", "sum", "all"]
 
 
-def enable_multiprocess(directory: str | os.PathLike[str] | None = None) -> Path:
+def enable_multiprocess(
+    directory: str | os.PathLike[str] | None = None, *, keep: bool = False
+) -> Path:
     """Switch this process (and the workers it forks) to multiprocess mode.
 
     With no ``directory``, a fresh temporary one; a given one is emptied of
-    ``*.db`` files first. Call before declaring metrics. Returns the directory.
+    ``*.db`` files first, unless ``keep`` (a supervisor that re-executed
+    itself: its older workers still write there, and the counters of the
+    ones gone must go on, not start again from 0). Call before declaring
+    metrics. Returns the directory.
     """
     if directory is None:
         path = Path(tempfile.mkdtemp(prefix="geoedge-metrics-"))
     else:
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        for stale in path.glob("*.db"):
+        for stale in () if keep else path.glob("*.db"):
             stale.unlink()
     os.environ[ENV_VAR] = str(path)
     values.ValueClass = values.MultiProcessValue()
@@ -226,14 +233,19 @@ class MetricSet:
         )
 
 
-_process_metrics: dict[str, tuple[Gauge, Gauge, Counter, Gauge]] = {}  # "all": the one set
+_process_metrics: dict[str, tuple[Gauge, Gauge, Counter, Gauge, Gauge]] = {}  # "all": the one set
 
 
 class ProcessMetrics:
     """A worker's own health, sampled by its periodic task: resident memory, open
     descriptors, CPU time and event-loop lag (how late a timer fired: a loop
     busy for that long delayed every connection it serves). Gauges are per
-    live process (``pid`` label); CPU is a counter summed over processes."""
+    live process (``pid`` label); CPU is a counter summed over processes.
+
+    And what the worker runs: ``geoedge_build_info{version, compiled, pid}``
+    is 1 for each live worker, so during and after a reload every worker's
+    version shows (:func:`geoedge.version.running_version`; ``compiled`` is
+    :func:`geoedge.version.build_mode`). A worker's series goes when it exits."""
 
     __slots__ = ("_cpu", "_daemon", "_fds", "_lag", "_last_cpu", "_page", "_rss")
 
@@ -248,8 +260,11 @@ class ProcessMetrics:
                 Gauge("geoedge_event_loop_lag_seconds",
                       "How late the last periodic timer fired", ["daemon"],
                       multiprocess_mode="liveall"),
+                Gauge("geoedge_build_info", "The version each worker runs (1 per worker)",
+                      ["version", "compiled"], multiprocess_mode="liveall"),
             )  # fmt: skip
-        rss, fds, cpu, lag = _process_metrics["all"]
+        rss, fds, cpu, lag, build = _process_metrics["all"]
+        build.labels(running_version(), build_mode()).set(1)
         self._daemon = daemon
         self._rss, self._fds, self._cpu, self._lag = (
             rss.labels(daemon),

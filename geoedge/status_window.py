@@ -192,15 +192,19 @@ def _group(labels: tuple[tuple[str, str], ...], by: Sequence[str]) -> Group:
 
 
 def workers_table(window: MetricsWindow, daemon: str) -> Table:
-    """Each worker process: memory, descriptors, CPU, event-loop lag."""
+    """Each worker process: the version it runs (during a reload, old and new
+    side by side), memory, descriptors, CPU, event-loop lag."""
     by = ("daemon", "pid")
     rss = window.gauge("geoedge_process_resident_memory_bytes", by)
     fds = window.gauge("geoedge_process_open_fds", by)
     lag = window.gauge("geoedge_event_loop_lag_seconds", by, max)
+    builds = window.gauge("geoedge_build_info", ("pid", "version", "compiled"), max)
+    version = {pid: f"{v} ({compiled})" for (pid, v, compiled), up in builds.items() if up}
     rows = [
         Row(
             [
                 Cell(pid),
+                Cell(version.get(pid, "?")),
                 cell(value, "B"),
                 cell(fds.get((kind, pid))),
                 cell(lag.get((kind, pid)), "s", warn=0.05, bad=0.2),
@@ -209,4 +213,6 @@ def workers_table(window: MetricsWindow, daemon: str) -> Table:
         for (kind, pid), value in sorted(rss.items())
         if kind == daemon
     ]
-    return Table("Workers", ["pid", "resident memory", "open fds", "event-loop lag"], rows)
+    return Table(
+        "Workers", ["pid", "version", "resident memory", "open fds", "event-loop lag"], rows
+    )

@@ -4,10 +4,13 @@ protocols a ``Type=notify`` service with socket activation speaks.
 - ``sd_notify`` (``NOTIFY_SOCKET``): one datagram of ``KEY=value`` lines to a
   Unix socket whose path systemd gives (``@`` at the start: the abstract
   namespace). :class:`ServiceNotifier` sends ``READY=1`` once the daemon
-  serves (the edge: listeners bound and a tunnel up, or ``ready_timeout_s``
-  passed, so an edge whose origin is down still starts, and says why in
-  ``STATUS=``), ``STATUS=`` lines as things change, ``RELOADING=1`` and
-  ``READY=1`` around a SIGHUP reload, ``STOPPING=1`` when a drain starts, and
+  serves (the edge: every worker has a tunnel up and warm, or
+  ``ready_timeout_s`` passed, so an edge whose origin is down still starts,
+  and says why in ``STATUS=``), ``STATUS=`` lines as things change,
+  ``RELOADING=1`` (with ``MONOTONIC_USEC=``) when a reload begins and
+  ``READY=1`` when it ends (with ``MAINPID=``, this same pid: the supervisor
+  re-executes in place, :mod:`geoedge.reload`), ``STOPPING=1`` when a drain
+  starts, and
   ``WATCHDOG=1`` every half ``WatchdogSec=`` while the supervisor's event loop
   runs and a worker is alive: a supervisor stuck, or left with no worker,
   stops petting and systemd restarts the service.
@@ -17,7 +20,8 @@ protocols a ``Type=notify`` service with socket activation speaks.
   so that nothing forked later takes them too); the daemons match them to
   their configured addresses and bind only what systemd did not pass. The
   sockets outlive the process, so a restart refuses no connection: the kernel
-  queues them while no process accepts.
+  queues them while no process accepts. A reload keeps them too, without
+  systemd's help (:mod:`geoedge.reexec`).
 
 Without ``NOTIFY_SOCKET`` (not under systemd) the notifier does nothing.
 """
@@ -83,8 +87,13 @@ class ServiceNotifier:
         watchdog_pid = env.get("WATCHDOG_PID", "")
         mine = not watchdog_pid or watchdog_pid == str(os.getpid())
         self.watchdog_s = int(usec) / 1e6 / 2 if usec.isdigit() and mine and int(usec) else None
+        #: What this notifier took from the environment: a re-exec of the
+        #: supervisor (geoedge.reload) puts it back for its next image.
+        self.environment: dict[str, str] = {}
         for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
-            env.pop(key, None)  # workers must not speak for the service
+            value = env.pop(key, None)  # workers must not speak for the service
+            if value is not None:
+                self.environment[key] = value
         self._sock: socket.socket | None = None
         self.ready_sent = False
         self.stopping_sent = False
@@ -102,9 +111,15 @@ class ServiceNotifier:
             address = "\0" + address[1:]
         try:
             if self._sock is None:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                # Non-blocking: a notify socket whose reader is slow (its queue
+                # full) must not stall the supervisor's event loop; the
+                # datagram is dropped instead (the next STATUS= or WATCHDOG=1
+                # follows within seconds).
+                self._sock = socket.socket(
+                    socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
+                )
             self._sock.sendto("\n".join(lines).encode(), address)
-        except OSError as exc:  # systemd gone: nothing to tell
+        except OSError as exc:  # systemd gone or its queue full: nothing to tell
             log.debug("sd_notify to %s failed: %s", self._address, exc)
 
     def status(self, text: str) -> None:
@@ -113,9 +128,12 @@ class ServiceNotifier:
             self.send(f"STATUS={text}")
 
     def ready(self, status: str) -> None:
+        """READY=1, at start or at the end of a reload; ``MAINPID=`` with it
+        names this process, the service's main one across a re-exec too
+        (sd_notify(3): a daemon that re-executes says who the main process is)."""
         self._status = status
         self.ready_sent = True
-        self.send("READY=1", f"STATUS={status}")
+        self.send("READY=1", f"MAINPID={os.getpid()}", f"STATUS={status}")
 
     def reloading(self) -> None:
         usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000

@@ -162,7 +162,7 @@ def quiet_edge_toml(
         origins=[(keys.origin_id, tunnel_port)],
         drain_timeout_s=drain_timeout_s,
         access_log="",
-        limits={
+        admission={
             "max_connections": max_connections,
             "max_connections_per_client_ip": max_connections,
         },

@@ -4,7 +4,7 @@ Node.js closes a keep-alive socket idle for ``keepAliveTimeout`` (5 s). A proxy
 that reuses its backend connection at that moment sends a request into a
 socket Node is closing: the request fails (a 502), or, if the proxy retries
 it, may be processed twice. geoedge pools backend connections at the origin
-and retires them after ``keepalive_idle_s`` (3 s), before Node's timeout, so
+and retires them after ``keepalive_timeout_s`` (3 s), before Node's timeout, so
 the race should never happen.
 
 The load: ``--clients`` keep-alive client connections, each sending a request

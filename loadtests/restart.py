@@ -179,6 +179,15 @@ async def new_connection_client(
         await asyncio.sleep(0.02)
 
 
+def ws_handshake(target: str) -> bytes:
+    """A client's WebSocket upgrade request for ``target``."""
+    return (
+        f"GET {target} HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n"
+        "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        "Sec-WebSocket-Version: 13\r\n\r\n"
+    ).encode()
+
+
 def ws_frame(opcode: int, payload: bytes) -> bytes:
     mask = os.urandom(4)
     body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
@@ -205,11 +214,7 @@ async def websocket(
             reader, writer = await asyncio.open_connection(
                 "127.0.0.1", port, ssl=ctx, server_hostname="localhost"
             )
-            writer.write(
-                f"GET /ws?i={index} HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n"
-                "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                "Sec-WebSocket-Version: 13\r\n\r\n".encode()
-            )
+            writer.write(ws_handshake(f"/ws?i={index}"))
             head = await reader.readuntil(b"\r\n\r\n")
             if not head.startswith(b"HTTP/1.1 101"):
                 tally.fail("ws_refused", head[:40].decode(errors="replace"))

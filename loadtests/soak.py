@@ -56,7 +56,7 @@ DAEMONS = ("edge", "origin")
 DRIFT_GOAL_PCT = 5.0
 #: Live instances a class may gain over the whole soak, counted when all is idle.
 CENSUS_SLACK = 0
-#: Parked backend connections are closed after keepalive_idle_s (3 s by default).
+#: Parked backend connections are closed after keepalive_timeout_s (3 s by default).
 PARKED_S = 4.0
 
 

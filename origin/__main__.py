@@ -4,6 +4,7 @@ Exit status: 0 after a clean stop, 2 for a bad command line, config or file
 (one line per problem, naming the file and the setting: a missing or
 unreadable certificate, key or CA, a private key others can read), 1 when
 start-up fails otherwise (an address in use: the message names the setting).
+``--reload PID`` asks a running origin to reload in place (:mod:`geoedge.reload`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ from collections.abc import Sequence
 import uvloop
 
 from geoedge.config import ConfigError
-from geoedge.daemon_cli import daemon_parser, parse_daemon_args, report, run_check
+from geoedge.daemon_cli import daemon_parser, parse_daemon_args, report, run_check, run_reload
+from geoedge.listening import check_bindable
 from geoedge.logs import configure_logging, logging_choice
 from geoedge.preflight import FileCheck, ListenError, PreflightError, check_files
+from geoedge.reexec import take_inheritance
+from geoedge.version import running_version
 from origin.config import OriginConfig, load_origin_config
 from origin.daemon import OriginDaemon
 from tunnel.aio.tls import TunnelTlsError
@@ -71,8 +75,12 @@ def preflight(path: str, *, service_gid: int | None) -> OriginConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_daemon_args(build_parser(), argv)
+    if args.reload is not None:
+        return run_reload(args, PROG)
     if args.check:
         return run_check(args, _check)
+    inheritance = take_inheritance()  # this is the exec of a reload (geoedge.reload)
+    running_version()  # read once, before any fork: what every worker reports
     try:
         config = preflight(args.config, service_gid=os.getegid())
     except (ConfigError, PreflightError, TunnelTlsError) as exc:
@@ -80,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     level, json_lines = logging_choice(args, config.origin.log_level, config.origin.log_json)
     configure_logging(level, json=json_lines)
-    daemon = OriginDaemon(config, config_path=args.config)
+    daemon = OriginDaemon(config, config_path=args.config, inheritance=inheritance)
     try:
         return uvloop.run(daemon.run())
     except ListenError as exc:
@@ -94,6 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _check(path: str, service_gid: int | None) -> int:
     try:
         config = preflight(path, service_gid=service_gid)
+        check_bindable(  # a reload's check only
+            [
+                ("[tunnel_listener] address", config.tunnel_listener.address),
+                ("[admin] address", config.admin.address),
+            ]
+        )
     except (ConfigError, PreflightError, TunnelTlsError) as exc:
         report(PROG, path, exc)
         return 2

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from geoedge.config import load_config
 from geoedge.logs import parse_level
@@ -195,7 +195,9 @@ class PoolConfig:
     header:x-user) or cookie:<name> (e.g. cookie:session); a request without
     the header or cookie falls back to its client address."""
     proxy_protocol: ProxyProtocolMode = "off"
-    """Send a PROXY protocol header (v1 or v2) with the client address first."""
+    """Send a PROXY protocol header with the client address first: ``"v1"``,
+    ``"v2"`` or ``"off"``; the same values as the edge's ``[[listeners]]
+    proxy_protocol``, which expects one."""
     connect_timeout_s: float = 2.0
     """Time allowed for one TCP connect to a backend."""
     connect_retries: int = 2
@@ -211,27 +213,34 @@ class PoolConfig:
     0: no queue, a stream that finds every backend at its cap fails at once."""
     max_queued: int = 1024
     """Streams one worker queues per pool; beyond it new ones fail at once."""
-    keepalive_idle_s: float = 3.0
+    keepalive_timeout_s: float = 3.0
     """How long a backend connection left idle by a finished stream is kept for
-    the next stream to the same backend (HTTP keep-alive reuse). Keep it below
-    the backends' own keep-alive timeout (Node.js: 5 s). 0: a new connection
-    per stream. Never used with ``proxy_protocol`` (its header is per client)."""
+    the next stream to the same backend (HTTP keep-alive reuse; the edge's
+    ``[http] keepalive_timeout_s`` is the same idea towards clients). Keep it
+    below the backends' own keep-alive timeout (Node.js: 5 s). 0: a new
+    connection per stream. Never used with ``proxy_protocol`` (its header is
+    per client)."""
     keepalive_max_idle: int = 64
     """Idle connections one worker keeps per backend."""
     slow_start_s: float = 0.0
     """A backend that comes back ramps its weight from ~0 to full over this long."""
-    response_timeout_s: float = 60.0
+    first_byte_timeout_s: float = 60.0
     """How long a backend may take to start its response, counted from the last
-    octet sent to it (HAProxy's ``timeout server``, nginx's
-    ``proxy_read_timeout``); past it the stream is reset with TIMEOUT (the edge
-    answers 504) and the backend connection closed. 0: no deadline."""
-    read_timeout_s: float = 60.0
+    octet sent to it (Varnish's and Fastly's ``first_byte_timeout``); past it
+    the stream is reset with TIMEOUT (the edge answers 504) and the backend
+    connection closed. The edge's ``[http] first_byte_timeout_s`` is the same
+    deadline a hop before. 0: none."""
+    between_bytes_timeout_s: float = 60.0
     """Silence allowed once the backend's response has started (no octet either
-    way for this long: reset with TIMEOUT, the client's response is cut). Not
-    applied after a 101 (WebSocket: the edge's idle timeout applies). 0: none."""
+    way for this long: reset with TIMEOUT, the client's response is cut;
+    ``between_bytes_timeout``, nginx's ``proxy_read_timeout``). Not applied
+    after a 101 (WebSocket: the edge's idle timeout applies). 0: none."""
     long_poll_prefixes: tuple[str, ...] = ()
-    """Request targets (path prefixes) exempt from both deadlines: long polls and
-    server-sent events that stay silent on purpose (list them at the edge too)."""
+    """Request targets (path prefixes) exempt from both deadlines here. The
+    edge's ``[http] long_poll_prefixes`` is the one to set: it exempts its own
+    deadlines and marks the stream (LONG_POLL), which this origin honours
+    whatever this list says. This list only adds targets the origin alone
+    spares (an edge still cuts them at its own deadlines)."""
     health: HealthCheckConfig | None = None
     """Active HTTP checks; without this table only passive ejection applies."""
     passive: PassiveHealthConfig = field(default_factory=PassiveHealthConfig)
@@ -252,13 +261,15 @@ class PoolConfig:
             raise ValueError("connect_retries and max_connections_per_backend must be >= 0")
         if self.slow_start_s < 0:
             raise ValueError("slow_start_s must be >= 0")
-        if self.keepalive_idle_s < 0 or self.keepalive_max_idle < 0:
-            raise ValueError("keepalive_idle_s and keepalive_max_idle must be >= 0")
+        if self.keepalive_timeout_s < 0 or self.keepalive_max_idle < 0:
+            raise ValueError("keepalive_timeout_s and keepalive_max_idle must be >= 0")
         HashKey.parse(self.hash_key)
         if self.queue_timeout_s < 0 or self.max_queued < 0:
             raise ValueError("queue_timeout_s and max_queued must be >= 0")
-        if self.response_timeout_s < 0 or self.read_timeout_s < 0:
-            raise ValueError("response_timeout_s and read_timeout_s must be >= 0 (0: none)")
+        if self.first_byte_timeout_s < 0 or self.between_bytes_timeout_s < 0:
+            raise ValueError(
+                "first_byte_timeout_s and between_bytes_timeout_s must be >= 0 (0: none)"
+            )
         if any(not prefix.startswith("/") for prefix in self.long_poll_prefixes):
             raise ValueError("long_poll_prefixes must start with '/'")
         seen: set[str] = set()
@@ -273,6 +284,14 @@ class PoolConfig:
 
 @dataclass(frozen=True, slots=True)
 class OriginConfig:
+    #: Old key paths that still load, with a deprecation warning naming the new
+    #: one (geoedge.config_renames): the edge's names for the same ideas.
+    RENAMED_KEYS: ClassVar[dict[str, str | tuple[str, ...]]] = {
+        "pools[].response_timeout_s": "pools[].first_byte_timeout_s",
+        "pools[].read_timeout_s": "pools[].between_bytes_timeout_s",
+        "pools[].keepalive_idle_s": "pools[].keepalive_timeout_s",
+    }
+
     tunnel_listener: TunnelListenerConfig
     """Where edges connect (mutual TLS, or TCP inside WireGuard)."""
     pools: tuple[PoolConfig, ...]

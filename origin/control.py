@@ -69,6 +69,12 @@ class ControlPlane:
         self._health.sync(self.state.check_targets())
         self._publish()
 
+    def restore(self, carried: dict[str, object]) -> None:
+        """What the supervisor before a reload knew (drains, backends found down:
+        :meth:`origin.state.ControlState.carried`), published to the workers."""
+        self.state.restore(carried)
+        self._publish()
+
     def drain(self, pool: str, address: str, drained: bool) -> bool:
         """Drain (or undrain) a backend; raises :class:`~origin.state.UnknownBackend`."""
         changed = self.state.set_drained(pool, address, drained)

@@ -20,10 +20,13 @@ the drain in its starting snapshot.
 
 Signals: SIGTERM/SIGINT: stop (workers send GOAWAY, drain for up to
 ``drain_timeout_s``, reset the rest, exit; the parent waits for them, SIGKILLs
-stragglers 5 s after the drain deadline, and exits 0). SIGHUP: reload the
-config file's pools; an invalid file is logged and the old pools stay.
-Settings that need a restart (listener, tunnel tuning, admin address, worker
-count) are reported as such and left as they were.
+stragglers 5 s after the drain deadline, and exits 0). SIGHUP (or ``--reload
+PID``, the unit's ``ExecReload=``): reload in place, code and every setting
+(:mod:`geoedge.reload`): a checked config, a re-exec that keeps the tunnel
+listener, the drains and the backends found down, new workers listening, then
+the old ones send GOAWAY: the edges open new streams on tunnels to the new
+workers while the open ones finish on the old. An invalid file is refused and
+everything stays as it was.
 
 Admin health, two questions (:mod:`geoedge.admin`): ``/readyz`` (and
 ``/healthz``) is 200 when every worker is running, at least one backend of
@@ -50,34 +53,40 @@ from pathlib import Path
 from typing import Any
 
 import uvloop
-from aiohttp import web
-from prometheus_client.metrics_core import Metric
 
 from geoedge.admin import AdminServer, HealthReport
 from geoedge.cert_expiry import CertificateWatch, tunnel_files
 from geoedge.config import ConfigError
-from geoedge.listening import activated_or_bound
+from geoedge.listening import Listening, take_listeners
 from geoedge.logs import AccessLog
 from geoedge.memory import MemoryKeeper, tune_gc
 from geoedge.metrics import (
     cleanup_multiprocess,
-    enable_multiprocess,
     merged_families,
     process_exited,
 )
 from geoedge.preflight import ListenError
+from geoedge.reexec import Inheritance
+from geoedge.reload import (
+    Reloader,
+    handover_record,
+    held_sockets,
+    inherited_admin_and_reload,
+    start_metrics,
+)
 from geoedge.status_window import MetricsWindow
-from geoedge.systemd import ServiceNotifier, listen_sockets
-from geoedge.workers import Supervisor, WorkerContext, listen_control
+from geoedge.systemd import ServiceNotifier
+from geoedge.version import running_version
+from geoedge.workers import Supervisor, WorkerContext, listen_control, report_ready
 from origin import cache_purge
 from origin.acme_service import AcmeService, encode_for_pipe
+from origin.admin_routes import backend_routes, current_backends_only
 from origin.admission import TlsAudit
 from origin.config import OriginConfig, load_origin_config
 from origin.control import ControlPlane
 from origin.edge_control import ControlBroadcast, EdgeControl
 from origin.metrics import ControlMetrics, WorkerMetrics
 from origin.snapshot import PoolSnapshot, encode_snapshots
-from origin.state import UnknownBackend
 from origin.status import OriginStatus
 from origin.worker import OriginWorker
 from tunnel.aio.transport import listener_ssl_context
@@ -88,6 +97,8 @@ log = logging.getLogger("geoedge.origin")
 
 #: Grace after the drain deadline before the parent SIGKILLs a worker.
 KILL_GRACE_S = 5.0
+#: A reload whose new workers do not all listen within this long is reported failed.
+TAKEOVER_TIMEOUT_S = 10.0
 
 
 def open_access_log(config: OriginConfig) -> AccessLog | None:
@@ -104,12 +115,17 @@ class OriginDaemon:
         *,
         config_path: str | Path | None = None,
         in_process: bool = False,
+        inheritance: Inheritance | None = None,
     ) -> None:
+        """``inheritance``: what the supervisor's previous image passed on (this
+        process is the exec of a reload, :mod:`geoedge.reexec`)."""
         self.config = config
         self.config_path = config_path
         self.in_process = in_process
+        self.inheritance = inheritance
         self._metrics_dir: Path | None = None
         self._sock: socket.socket | None = None
+        self._listening = Listening([], [])
         self._ssl: ssl.SSLContext | None = None
         self._audit = TlsAudit()
         self.control: ControlPlane | None = None
@@ -123,6 +139,17 @@ class OriginDaemon:
         self.ready = asyncio.Event()
         # Under systemd only (not in process: tests' origins share the test's env).
         self.notifier = ServiceNotifier({} if in_process else None)
+        self.reloader: Reloader | None = None
+        if not in_process:
+            self.reloader = Reloader(
+                notifier=self.notifier,
+                handover=self._handover,
+                takeover_timeout_s=TAKEOVER_TIMEOUT_S,
+                inheritance=inheritance,
+                describe=lambda: f"version {running_version()}, new workers listening",
+                on_result=self._reloaded,
+                held=lambda: held_sockets(self._listening, self.admin),
+            )
 
     # -- parent ------------------------------------------------------------------------
 
@@ -131,7 +158,7 @@ class OriginDaemon:
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
         if not self.in_process:
-            self._metrics_dir = enable_multiprocess()
+            self._metrics_dir = start_metrics(self.inheritance)
         try:
             await self._run()
         finally:
@@ -146,7 +173,7 @@ class OriginDaemon:
         context = listener_ssl_context(listener)
         self._ssl = self._audit.install(context) if context is not None else None
         control_metrics = ControlMetrics()
-        self.control = ControlPlane(config, self._publish, metrics=control_metrics)
+        self.control = control = ControlPlane(config, self._publish, metrics=control_metrics)
         registries = [control_metrics.registry]
         if self.in_process:
             worker_metrics = WorkerMetrics()
@@ -165,7 +192,9 @@ class OriginDaemon:
                 on_reload=self.request_reload,
                 on_worker_exit=self._on_worker_exit,
                 parent_fds=self._parent_fds,
-                on_stopping=lambda: self.notifier.stopping("draining"),
+                on_stopping=self._stopping,
+                on_generation_ready=self._generation_ready,
+                adopted=self.inheritance.workers if self.inheritance is not None else (),
             )
         self.edge_control = (
             EdgeControl(local=self.worker.edges.broadcast_control)
@@ -193,17 +222,27 @@ class OriginDaemon:
             health=self.health,
             liveness=self.liveness,
             registries=registries,
-            routes=self._routes(),
+            routes=[
+                *backend_routes(control),
+                *(self.edge_control.routes() if self.edge_control is not None else ()),
+                *cache_purge.routes(self.broadcast_control),
+                *(self.acme.routes() if self.acme is not None else ()),
+            ],
             status=status,
-            keep_metrics=self._current_backends_only,
+            keep_metrics=lambda families: current_backends_only(control, families),
             collectors=[certificates],
         )
         try:
             await self.control.start()
+            if self.inheritance is not None:
+                self.control.restore(self.inheritance.state)
+            admin_sock, control_sock = inherited_admin_and_reload(self.inheritance)
             try:
-                await self.admin.start()
+                await self.admin.start(admin_sock)
             except OSError as exc:
                 raise ListenError("[admin] address", config.admin.address, exc) from None
+            if self.reloader is not None:
+                self.reloader.start(control_sock)
             if self.acme is not None:
                 await self.acme.start()
             if self.worker is not None:
@@ -228,6 +267,8 @@ class OriginDaemon:
                 try:
                     await self.supervisor.run()
                 finally:
+                    if self.reloader is not None:
+                        self.reloader.close()
                     counter.cancel()
                     systemd.cancel()
                     self.notifier.close()
@@ -236,32 +277,18 @@ class OriginDaemon:
                 await self.acme.close()
             await self.admin.close()
             await self.control.close()
-            self._sock.close()
+            self._listening.close()
 
     def _activated_or_bound(self, address: str) -> socket.socket:
-        """The tunnel listener: the socket systemd passed for ``address``
-        (socket activation), else a new one."""
-        passed = [] if self.in_process else listen_sockets()
-        return activated_or_bound([("[tunnel_listener] address", address)], passed)[0]
-
-    def _current_backends_only(self, families: list[Metric]) -> list[Metric]:
-        """The series of backends the pools still have: a backend removed by a
-        reload or by DNS disappears from /metrics with it."""
-        assert self.control is not None
-        current = {
-            (pool, address)
-            for pool, backends in self.control.status().items()
-            for address in backends
-        }
-        for family in families:
-            family.samples = [
-                sample
-                for sample in family.samples
-                if "backend" not in sample.labels
-                or "pool" not in sample.labels
-                or (sample.labels["pool"], sample.labels["backend"]) in current
-            ]
-        return [family for family in families if family.samples]
+        """The tunnel listener: the one the supervisor's previous image held (a
+        reload), or the one systemd passed for ``address`` (socket activation),
+        else a new one."""
+        self._listening = take_listeners(
+            [("[tunnel_listener] address", address)],
+            self.inheritance,
+            activation=not self.in_process,
+        )
+        return self._listening.sockets[0]
 
     def _service_state(self) -> tuple[bool, bool, str]:
         """(ready, stopping, STATUS=) for systemd."""
@@ -280,20 +307,41 @@ class OriginDaemon:
         self._stop.set()
 
     def request_reload(self) -> bool:
-        """SIGHUP: re-read the config file's pools (in a task: it may resolve DNS).
-        The workers take the new pools from the snapshots it publishes."""
-        self.notifier.reloading()
-        task = asyncio.get_running_loop().create_task(self.reload())
+        """SIGHUP: reload in place (:mod:`geoedge.reload`); in process, the pools only."""
+        if self.reloader is not None:
+            return self.reloader.request()
+        asyncio.get_running_loop().create_task(self.reload())
+        return False
 
-        def reloaded(done: asyncio.Task[bool]) -> None:
-            ok = not done.cancelled() and done.exception() is None and done.result()
-            self.notifier.ready("pools reloaded" if ok else "reload rejected: pools unchanged")
+    def _stopping(self) -> None:
+        self.notifier.stopping("draining")
+        if self.reloader is not None:
+            self.reloader.close()
 
-        task.add_done_callback(reloaded)
-        return False  # nothing for the workers to do on the signal itself
+    def _generation_ready(self) -> None:
+        if self.reloader is not None:
+            self.reloader.generation_ready()
+
+    def _reloaded(self, result: str) -> None:
+        if self.control is not None:
+            self.control.metrics.reloads.labels("ok" if result == "ok" else "error").inc()
+
+    def _handover(self, replies: list[int], requested_at: float) -> Inheritance:
+        assert self.reloader is not None and self.control is not None
+        return handover_record(
+            listening=self._listening,
+            admin=self.admin,
+            reloader=self.reloader,
+            supervisor=self.supervisor,
+            metrics_dir=str(self._metrics_dir) if self._metrics_dir is not None else None,
+            replies=replies,
+            requested_at=requested_at,
+            state=self.control.state.carried(),
+        )
 
     async def reload(self, config: OriginConfig | None = None) -> bool:
-        """Adopt the pools of ``config`` (or of the config file); False if invalid."""
+        """In process (tests): adopt the pools of ``config`` (or of the config
+        file); False if invalid. The daemon's own reload replaces its workers."""
         assert self.control is not None
         metrics = self.control.metrics
         if config is None:
@@ -345,7 +393,8 @@ class OriginDaemon:
 
     def _parent_fds(self) -> list[int]:
         fd = self.admin.fileno() if self.admin is not None else None
-        return [fd] if fd is not None else []
+        fds = [fd] if fd is not None else []
+        return fds + (self.reloader.fds() if self.reloader is not None else [])
 
     async def _count_workers(self) -> None:
         assert self.supervisor is not None and self.control is not None
@@ -394,35 +443,6 @@ class OriginDaemon:
             return self.supervisor.statistics().stopping
         return self.worker is not None and self.worker.statistics().draining
 
-    def _routes(self) -> list[web.RouteDef]:
-        return [
-            web.get("/backends", self._backends),
-            web.post("/backends/{pool}/{address}/drain", self._drain),
-            web.post("/backends/{pool}/{address}/undrain", self._drain),
-            *(self.edge_control.routes() if self.edge_control is not None else ()),
-            *cache_purge.routes(self.broadcast_control),
-            *(self.acme.routes() if self.acme is not None else ()),
-        ]
-
-    async def _backends(self, request: web.Request) -> web.Response:
-        assert self.control is not None
-        return web.json_response(self.control.status())
-
-    async def _drain(self, request: web.Request) -> web.Response:
-        assert self.control is not None
-        pool, address = request.match_info["pool"], request.match_info["address"]
-        drained = request.path.endswith("/drain")
-        try:
-            changed = self.control.drain(pool, address, drained)
-        except UnknownBackend as exc:
-            return web.json_response({"error": str(exc.args[0])}, status=404)
-        if request.content_type == "application/x-www-form-urlencoded":
-            # The status page's button (an HTML form): back to the page.
-            raise web.HTTPSeeOther("/status")
-        return web.json_response(
-            {"pool": pool, "backend": address, "drained": drained, "changed": changed}
-        )
-
     def _worker_counts(self) -> tuple[int, int, bool]:
         """(running, wanted, draining), for the status page."""
         if self.supervisor is not None:
@@ -457,6 +477,7 @@ class OriginDaemon:
             loop.add_signal_handler(signal.SIGUSR1, access_log.reopen)
         await worker.start(sock=self._sock, ssl_context=self._ssl, tls_audit=self._audit)
         pipe = await listen_control(context, worker.on_control, stopping.set, worker.on_request)
+        report_ready(context)  # listening: the older workers may go
         tune_gc()
         memory = MemoryKeeper("geoedge_origin", ("origin", "tunnel"))
         memory.start()  # SIGUSR2: a memory report

@@ -32,20 +32,27 @@ _monotonic = time.monotonic
 
 
 def stream_deadline(
-    settings: PoolSnapshot, status: int, first_byte_at: float, target: str | None
+    settings: PoolSnapshot,
+    status: int,
+    first_byte_at: float,
+    target: str | None,
+    long_poll: bool = False,
 ) -> float:
     """Seconds of silence a stream's backend is allowed now (0: no deadline).
 
-    Before the response's first octet, ``response_timeout_s`` (counted from the
-    last octet either way, so a slow upload is not the backend's fault); once
-    it has started, ``read_timeout_s``; none after a 101 (a WebSocket's
-    silences are the edge's idle timeout's business) or for a long-poll target."""
-    if status == 101:
+    Before the response's first octet, ``first_byte_timeout_s`` (counted from
+    the last octet either way, so a slow upload is not the backend's fault);
+    once it has started, ``between_bytes_timeout_s``; none after a 101 (a
+    WebSocket's silences are the edge's idle timeout's business), for a
+    stream the edge marked as a long poll (``long_poll``: LONG_POLL,
+    PROTOCOL.md §6.2, from the edge's ``[http] long_poll_prefixes``), or for a
+    target in the pool's own ``long_poll_prefixes``."""
+    if status == 101 or long_poll:
         return 0.0
     prefixes = settings.long_poll_prefixes
     if target is not None and prefixes and target.startswith(prefixes):
         return 0.0
-    return settings.read_timeout_s if first_byte_at else settings.response_timeout_s
+    return settings.between_bytes_timeout_s if first_byte_at else settings.first_byte_timeout_s
 
 
 class DeadlineSweep:
@@ -94,10 +101,14 @@ class DeadlineSweep:
             if pool is None:
                 continue
             stream = splice.stream
-            target = stream.metadata.target if stream is not None and stream.metadata else None
+            metadata = stream.metadata if stream is not None else None
+            target = metadata.target if metadata is not None else None
+            long_poll = metadata is not None and metadata.long_poll is True
             protocol = splice.backend_protocol
             last_down = protocol.last_active if protocol is not None else 0.0
-            limit = stream_deadline(pool.settings, splice.status, splice.first_byte_at, target)
+            limit = stream_deadline(
+                pool.settings, splice.status, splice.first_byte_at, target, long_poll
+            )
             quiet_since = max(splice.last_up, last_down, splice.connected_at)
             if limit and now - quiet_since > limit:
                 expired.append((splice, pool.name, backend.address))

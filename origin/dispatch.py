@@ -343,9 +343,9 @@ class StreamDispatcher:
         if pool is None or backend not in pool.backends or backend.drained or not backend.healthy:
             return False
         settings = pool.settings
-        if settings.keepalive_idle_s <= 0 or settings.proxy_protocol != "off":
+        if settings.keepalive_timeout_s <= 0 or settings.proxy_protocol != "off":
             return False
-        deadline = (protocol.last_active or self._clock()) + settings.keepalive_idle_s
+        deadline = (protocol.last_active or self._clock()) + settings.keepalive_timeout_s
         return self.idle.park(backend, protocol, deadline, settings.keepalive_max_idle)
 
     def _finished(self, splice: Splice, exc: BaseException | None) -> None:

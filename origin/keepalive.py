@@ -16,7 +16,7 @@ no PROXY header (that header is per client), and the backend is still
 eligible.
 
 A parked connection is closed when it has been quiet for the pool's
-``keepalive_idle_s`` (counted from the backend's last byte, which is when
+``keepalive_timeout_s`` (counted from the backend's last byte, which is when
 Node.js starts its own ``keepAliveTimeout``), and at once if the backend sends
 anything or closes (:class:`origin.forward.BackendProtocol`). Taking is LIFO:
 the most recently used connection is the furthest from its timeout, and the

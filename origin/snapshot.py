@@ -56,11 +56,11 @@ class PoolSnapshot:
     max_connections_per_backend: int = 0
     queue_timeout_s: float = 5.0
     max_queued: int = 1024
-    keepalive_idle_s: float = 3.0
+    keepalive_timeout_s: float = 3.0
     keepalive_max_idle: int = 64
     slow_start_s: float = 0.0
-    response_timeout_s: float = 60.0
-    read_timeout_s: float = 60.0
+    first_byte_timeout_s: float = 60.0
+    between_bytes_timeout_s: float = 60.0
     long_poll_prefixes: tuple[str, ...] = ()
     passive: PassiveHealthConfig = dataclasses.field(default_factory=PassiveHealthConfig)
     backends: tuple[BackendSpec, ...] = ()
@@ -86,11 +86,11 @@ class PoolSnapshot:
             max_connections_per_backend=worker_share(cap, workers),
             queue_timeout_s=pool.queue_timeout_s,
             max_queued=pool.max_queued,
-            keepalive_idle_s=pool.keepalive_idle_s,
+            keepalive_timeout_s=pool.keepalive_timeout_s,
             keepalive_max_idle=pool.keepalive_max_idle,
             slow_start_s=pool.slow_start_s,
-            response_timeout_s=pool.response_timeout_s,
-            read_timeout_s=pool.read_timeout_s,
+            first_byte_timeout_s=pool.first_byte_timeout_s,
+            between_bytes_timeout_s=pool.between_bytes_timeout_s,
             long_poll_prefixes=pool.long_poll_prefixes,
             passive=pool.passive,
             backends=backends,
@@ -109,11 +109,16 @@ def encode_snapshots(pools: tuple[PoolSnapshot, ...]) -> list[dict[str, Any]]:
     return out
 
 
+_POOL_FIELDS = frozenset(f.name for f in dataclasses.fields(PoolSnapshot))
+
+
 def decode_snapshots(items: list[dict[str, Any]]) -> tuple[PoolSnapshot, ...]:
     """Inverse of :func:`encode_snapshots`; raises ValueError/TypeError/KeyError on junk."""
     pools = []
     for item in items:
-        fields = dict(item)
+        # Fields this version does not know are left out: a parent may be newer
+        # than a worker it still talks to (a reload in place).
+        fields = {k: v for k, v in item.items() if k in _POOL_FIELDS}
         backends = []
         for raw in fields.pop("backends"):
             spec = dict(raw)

@@ -28,6 +28,20 @@ Member = tuple[str, int]  # (address, weight)
 _UNCHECKED = HealthCheckConfig(rise=1, fall=1)
 
 
+def _pairs(value: object) -> list[tuple[str, str]]:
+    """``[[pool, address], ...]`` from JSON; anything else is skipped."""
+    if not isinstance(value, list):
+        return []
+    return [
+        (item[0], item[1])
+        for item in value
+        if isinstance(item, list)
+        and len(item) == 2
+        and isinstance(item[0], str)
+        and isinstance(item[1], str)
+    ]
+
+
 class UnknownBackend(KeyError):
     """No such pool, or no such backend in it (the admin answers 404)."""
 
@@ -96,7 +110,32 @@ class ControlState:
             self.drained.discard(key)
         return True
 
+    def restore(self, carried: dict[str, object]) -> None:
+        """Take back what :meth:`carried` gave before a reload's re-exec: drains
+        (kept even for a backend the new config no longer has, as DNS drops are)
+        and backends the checks had found down (down until their checks rise,
+        not up until they fall: the new workers send them nothing meanwhile)."""
+        for pool, address in _pairs(carried.get("drained")):
+            self.drained.add((pool, address))
+        for key in _pairs(carried.get("down")):
+            health = self._health.get(key)
+            if health is not None:
+                health.verdict.healthy = False
+                health.verdict.streak = 0
+
     # -- outputs ---------------------------------------------------------------------------
+
+    def carried(self) -> dict[str, object]:
+        """What a reload passes to the next image of the supervisor (JSON):
+        the drained backends and the ones the checks found down."""
+        return {
+            "drained": sorted([pool, address] for pool, address in self.drained),
+            "down": sorted(
+                [pool, address]
+                for (pool, address), health in self._health.items()
+                if not health.verdict.healthy
+            ),
+        }
 
     def members(self, pool: str) -> tuple[Member, ...]:
         config = self.pools.get(pool)

@@ -141,7 +141,7 @@ class FakeServices:
     hsts_field: bytes | None = None
     redirect: RedirectListenerConfig | None = None
     request_rate: RequestRate = field(default_factory=lambda: RequestRate(0.0, 1))
-    deadlines: Deadlines = field(default_factory=lambda: Deadlines(10, 75, 30, 60, 3600, ()))
+    deadlines: Deadlines = field(default_factory=lambda: Deadlines(10, 75, 30, 60, 60, 3600, ()))
     streams: list[FakeStream] = field(default_factory=list)
     logged: list[tuple[RequestRecord, int]] = field(default_factory=list)
     waiters: list[Any] = field(default_factory=list)

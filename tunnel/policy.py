@@ -35,18 +35,28 @@ class Candidate(Protocol):
     @property
     def open_streams(self) -> int: ...
 
+    @property
+    def warming(self) -> bool: ...
+
 
 C = TypeVar("C", bound=Candidate)
 
 
 def choose_connection(candidates: Sequence[C]) -> C | None:
     """The usable connection with the fewest open streams (first on ties), or
-    None. Least-streams keeps the pool's connections evenly loaded, so no single
-    TCP connection's congestion window carries most of the traffic."""
+    None; a warm one over one still warming (tunnel.aio.warmup), whatever
+    their loads: a stream on a warming connection may queue behind its
+    padding and crosses a window still growing. Least-streams keeps the
+    pool's connections evenly loaded, so no single TCP connection's
+    congestion window carries most of the traffic."""
     best: C | None = None
     for candidate in candidates:
-        if candidate.can_open_stream and (
-            best is None or candidate.open_streams < best.open_streams
+        if not candidate.can_open_stream:
+            continue
+        if (
+            best is None
+            or (best.warming and not candidate.warming)
+            or (best.warming == candidate.warming and candidate.open_streams < best.open_streams)
         ):
             best = candidate
     return best

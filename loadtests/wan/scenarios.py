@@ -335,6 +335,7 @@ def edge_toml(files: StackFiles, addresses: Mapping[str, str], *, workers: int =
 id = "{EDGE_IDENTITY}"
 workers = {workers}
 drain_timeout_s = 1.0
+access_log = "{files.edge_access_log}"
 
 [[listeners]]
 address = "{addresses["edge"]}:{HTTPS_PORT}"
@@ -345,9 +346,6 @@ max_version = "TLSv1.3"
 [[tls.certificates]]
 cert = "{files.server_cert}"
 key = "{files.server_key}"
-
-[http]
-access_log = "{files.edge_access_log}"
 
 [admin]
 address = "{EDGE_ADMIN}"

@@ -39,6 +39,7 @@ from geoedge.proxy import encode_v1, encode_v2, encode_v2_local
 from tests.conftest import PkiFiles, scaled
 from tests.edge_env import Stack, edge_stack, node_available
 from tests.recording_backend import RecordingBackend
+from tests.slow_backend import read_message
 from tests.tunnel_env import free_port
 
 pytestmark = pytest.mark.skipif(not node_available(), reason="npm ci the sample app first")
@@ -116,18 +117,19 @@ def corpus_config(ports: dict[str, int]) -> str:
 [http]
 header_timeout_s = 1.0
 body_timeout_s = 1.0
-response_timeout_s = 2.0
+first_byte_timeout_s = 2.0
+between_bytes_timeout_s = 2.0
 [http.limits]
 max_body_bytes = 10000
 max_headers = 50
-[limits]
+[admission]
 max_connections_per_client_ip = 64
 [redirect]
 address = "127.0.0.1:{ports["redirect"]}"
 pass_through_prefixes = ["/.well-known/acme-challenge/", "/pass/"]
 [[listeners]]
 address = "127.0.0.1:{ports["proxy"]}"
-proxy_protocol = true
+proxy_protocol = "any"  # the corpus sends both versions
 trusted_proxies = ["127.0.0.1/32"]
 """
 
@@ -169,35 +171,13 @@ def count_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def read_response(sock: socket.socket) -> bytes:
-    """One Content-Length response, or what arrives before the connection ends."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return data
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    while len(body) < length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        body += chunk
-    return head + b"\r\n\r\n" + body
-
-
 def check_canary(e: Env) -> None:
     """The keep-alive canary and a fresh connection are both answered."""
     fresh = open_tls(e.stack.https_port, e.stack)
     try:
         for sock in (e.canary, fresh):
             sock.sendall(b"GET /canary HTTP/1.1\r\nHost: canary\r\n\r\n")
-            reply = read_response(sock)
+            reply = read_message(sock)
             assert reply.startswith(b"HTTP/1.1 200"), f"canary: {reply[:200]!r}"
     finally:
         fresh.close()
@@ -262,7 +242,7 @@ def run_client(case: Case, e: Env) -> str:
         if case.half_close:  # a TCP FIN without close_notify (SSLSocket's would unwrap)
             socket.socket.shutdown(sock, socket.SHUT_WR)
         try:
-            reply = read_response(sock)
+            reply = read_message(sock)
         except TimeoutError:
             return "timeout"
         except (ssl.SSLError, OSError):

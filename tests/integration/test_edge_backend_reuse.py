@@ -135,13 +135,14 @@ def test_an_idle_connection_past_its_time_is_not_reused(
         tmp_path_factory.mktemp("reuse-expiry"),
         # Long enough for a second request after the first one's end was seen
         # (its count is published once a second), short of Node's 5 s.
-        origin_pool_extra="keepalive_idle_s = 4",
+        origin_pool_extra="keepalive_timeout_s = 4",
     ) as s:
         _, first = request_and_end(s, "127.0.0.1")
         _, second = request_and_end(s, "127.0.0.1")  # parked again when this returns
         assert json.loads(first)["remote_port"] == json.loads(second)["remote_port"]
-        # Past keepalive_idle_s since it was parked: a lower bound, which load
-        # only lengthens (a take checks the deadline, whether or not a sweep ran).
+        # Past keepalive_timeout_s since it was parked: a lower bound, which
+        # load only lengthens (a take checks the deadline, whether or not a
+        # sweep ran).
         time.sleep(4.2)
         response, third = one_request(s, "127.0.0.1")
         assert response.status == 200
@@ -152,7 +153,7 @@ def test_reuse_off_opens_a_connection_per_stream(
     test_pki: PkiFiles, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     with edge_stack(
-        test_pki, tmp_path_factory.mktemp("reuse-off"), origin_pool_extra="keepalive_idle_s = 0"
+        test_pki, tmp_path_factory.mktemp("reuse-off"), origin_pool_extra="keepalive_timeout_s = 0"
     ) as s:
         ports = set()
         for _ in range(4):
@@ -173,7 +174,7 @@ def test_a_connection_the_backend_closed_while_parked_is_dropped(
     with edge_stack(
         test_pki,
         tmp_path_factory.mktemp("reuse-node-closed"),
-        origin_pool_extra="keepalive_idle_s = 30",
+        origin_pool_extra="keepalive_timeout_s = 30",
     ) as s:
         _, first = request_and_end(s, "127.0.0.1")
         parked = json.loads(first)["remote_port"]

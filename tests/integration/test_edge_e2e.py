@@ -222,7 +222,7 @@ def test_node_keepalive_timeout_does_not_cost_the_client_a_handshake(stack: Stac
     conn.request("GET", "/ip")
     first = json.loads(conn.getresponse().read())
     sock = conn.sock
-    # The backend connection goes (the origin retires it after keepalive_idle_s,
+    # The backend connection goes (the origin retires it after keepalive_timeout_s,
     # Node closes it after its keepAliveTimeout, 5 s) while the client's stays.
     wait_until(
         lambda: not tcp_established(first["remote_port"], first["backend"]),

@@ -32,14 +32,15 @@ DEADLINES = """
 [http]
 header_timeout_s = 2.0
 body_timeout_s = 2.0
-response_timeout_s = 2.0
+first_byte_timeout_s = 2.0
+between_bytes_timeout_s = 2.0
 long_poll_prefixes = ["/slow?long", "/gate?long"]
 [http.limits]
 max_body_bytes = 1000
 """
 
 CAPS = """
-[limits]
+[admission]
 max_connections = 6
 max_connections_per_client_ip = 3
 requests_per_s_per_client_ip = 0.25
@@ -220,7 +221,7 @@ def test_a_websocket_outlives_the_response_deadline(stack: Stack) -> None:
             b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
         )
         assert tls.recv(4096).startswith(b"HTTP/1.1 101")
-        head_deadline_passed(stack)  # a sweep ran past response_timeout_s since the 101
+        head_deadline_passed(stack)  # a sweep ran past the response deadlines since the 101
         tls.sendall(bytes([0x81, 0x82, 0, 0, 0, 0]) + b"hi")  # masked text "hi"
         assert tls.recv(4096) == bytes([0x81, 2]) + b"hi"
 

@@ -18,10 +18,10 @@ from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 
 from geoedge import pki
-from geoedge.proxy import encode_v2
+from geoedge.proxy import encode_v1, encode_v2
 from tests.conftest import PkiFiles
 from tests.edge_env import Stack, edge_stack, node_available
-from tests.polling import wait_until_async
+from tests.polling import wait_until, wait_until_async
 
 pytestmark = pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed")
 
@@ -106,7 +106,7 @@ key = "{live.key}"
 
 
 PROXY_LISTENER = """
-proxy_protocol = true
+proxy_protocol = "v2"
 trusted_proxies = ["127.0.0.1/32"]
 """
 
@@ -135,6 +135,14 @@ def test_proxy_protocol_listener_trusts_only_configured_peers(
         sock = socket.create_connection(("127.0.0.1", stack.https_port), timeout=5)
         with pytest.raises((ssl.SSLError, OSError)):
             _tls_get_ip(stack, sock)
+
+        # A header of the other version: refused, the reason names both.
+        sock = socket.create_connection(("127.0.0.1", stack.https_port), timeout=5)
+        sock.sendall(encode_v1(("203.0.113.8", 5555), ("127.0.0.1", stack.https_port)))
+        with pytest.raises((ssl.SSLError, OSError)):
+            _tls_get_ip(stack, sock)
+        refusal = 'a PROXY v1 header on a listener with proxy_protocol = "v2"'
+        wait_until(lambda: refusal in stack.log.read_text(), "the refusal was not logged")
 
         # An untrusted peer (127.0.0.2) with a header: refused (spoofing attempt).
         sock = socket.create_connection(

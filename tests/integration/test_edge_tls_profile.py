@@ -60,7 +60,7 @@ def _close(tls: ssl.SSLSocket, how: str) -> None:
 #: once it has closed the previous connection, whose end (a reset, a FIN) could
 #: have evicted the session. A refused attempt is closed before any TLS.
 ONE_AT_A_TIME = """
-[limits]
+[admission]
 max_connections_per_client_ip = 1
 """
 

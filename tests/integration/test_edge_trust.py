@@ -62,12 +62,12 @@ http_proxies = ["127.0.0.2/32"]
 
 [[listeners]]
 address = "127.0.0.1:{ports.proxied}"
-proxy_protocol = true
+proxy_protocol = "v2"
 trusted_proxies = ["127.0.0.1/32"]
 
 [[listeners]]
 address = "127.0.0.1:{ports.proxied_trusting}"
-proxy_protocol = true
+proxy_protocol = "v2"
 trusted_proxies = ["127.0.0.1/32"]
 http_proxies = ["198.51.100.0/24"]
 """

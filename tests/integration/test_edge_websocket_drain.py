@@ -97,3 +97,35 @@ def test_a_drain_closes_websockets_with_1001_spread_over_the_window(
     assert offsets[-1] - offsets[0] >= WINDOW_S / 4, offsets
     assert len(lines) == SOCKETS
     assert {(line["ws_close_code"], line["ws_closed_by"]) for line in lines} == {(1001, "edge")}
+
+
+def test_a_websocket_opened_during_a_drain_is_closed_with_1001(
+    test_pki: PkiFiles, tmp_path: Path
+) -> None:
+    """A client whose connection was accepted before the drain and whose upgrade
+    is answered during it (a reload retires the worker meanwhile) gets a Close
+    1001 to reconnect on, not a cut at the drain deadline."""
+    with edge_stack(test_pki, tmp_path) as stack:
+        idle = tls_connect(stack.https_port, stack.pki)
+        idle.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert WsReader(idle).read_head().startswith(b"HTTP/1.1 200")
+        fresh = tls_connect(stack.https_port, stack.pki)  # handshaken, no request yet
+        os.kill(stack.edge.pid, signal.SIGTERM)
+        idle.settimeout(scaled(20))
+        while idle.recv(65536):  # closed by the drain: the worker drains now
+            pass
+        fresh.sendall(
+            b"GET /ws?late=1 HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 13\r\n\r\n"
+        )
+        reader = WsReader(fresh)
+        assert reader.read_head().startswith(b"HTTP/1.1 101")
+        opcode, payload = reader.read_frame()
+        while opcode != 0x8:
+            opcode, payload = reader.read_frame()
+        fresh.sendall(ws_frame(0x8, payload[:2]))
+        fresh.close()
+        idle.close()
+        assert stack.edge.wait(scaled(20)) == 0
+    assert payload[:2] == (1001).to_bytes(2, "big")

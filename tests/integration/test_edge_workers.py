@@ -107,3 +107,42 @@ def test_sigterm_drains_in_flight_requests(test_pki: PkiFiles, tmp_path: Path) -
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", stack.https_port), timeout=2)
         _ = http.client
+
+
+def test_a_drain_answers_a_fresh_connection_and_closes_an_idle_one(
+    test_pki: PkiFiles, tmp_path: Path
+) -> None:
+    """A worker retired by a reload (or stopped) while clients keep coming: a
+    connection whose handshake is done and whose first request is on its way
+    gets that request answered (``Connection: close``), not closed unanswered
+    nor refused; an idle keep-alive connection is closed at once."""
+    with edge_stack(test_pki, tmp_path) as stack:
+        context = stack.tls_context()
+        idle = context.wrap_socket(
+            socket.create_connection(("127.0.0.1", stack.https_port), timeout=20),
+            server_hostname="localhost",
+        )
+        idle.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        first = b""
+        while b"\r\n\r\n" not in first:
+            first += idle.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200")
+        fresh = context.wrap_socket(
+            socket.create_connection(("127.0.0.1", stack.https_port), timeout=20),
+            server_hostname="localhost",
+        )  # handshaken, no request yet
+        stack.edge.send_signal(signal.SIGTERM)
+        # The idle keep-alive connection is closed: the worker drains now.
+        rest = first
+        while chunk := idle.recv(65536):
+            rest += chunk
+        fresh.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        answer = b""
+        while chunk := fresh.recv(65536):
+            answer += chunk
+        idle.close()
+        fresh.close()
+        assert stack.edge.wait(20) == 0
+    head = answer.split(b"\r\n\r\n", 1)[0].lower()
+    assert head.startswith(b"http/1.1 200"), answer[:200]
+    assert b"\r\nconnection: close" in head

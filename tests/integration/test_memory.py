@@ -166,7 +166,7 @@ def test_origin_splices_are_freed_however_their_stream_ends(
             default=False,
             hosts=("dead.test",),
         )
-        live_pool = pool([nodes[0].address], health=False, keepalive_idle_s=0.3)
+        live_pool = pool([nodes[0].address], health=False, keepalive_timeout_s=0.3)
         config = origin_config(test_pki, [live_pool, dead])
         port = int(config.tunnel_listener.address.rpartition(":")[2])
 
@@ -274,7 +274,7 @@ def h2_load(stack: Stack, connections: int, streams: int) -> int:
 
 def wait_idle(stack: Stack) -> None:
     """Until the edge has no client connection, the origin no stream open and
-    no backend connection (parked ones expire after keepalive_idle_s, 3 s):
+    no backend connection (parked ones expire after keepalive_timeout_s, 3 s):
     the census then counts only what outlived its connection."""
     wait_until(
         lambda: (

@@ -1,5 +1,5 @@
-"""The origin's per-stream deadlines (pool ``response_timeout_s``,
-``read_timeout_s``, ``long_poll_prefixes``) with real edge and origin processes
+"""The origin's per-stream deadlines (pool ``first_byte_timeout_s``,
+``between_bytes_timeout_s``, ``long_poll_prefixes``) with real edge and origin processes
 and a backend that hangs on purpose: a silent backend becomes the edge's 504
 (or a cut, once its response started), logged at both hops; long polls and
 answers in time are left alone."""
@@ -18,79 +18,23 @@ import pytest
 from origin.snapshot import PoolSnapshot
 from origin.worker import stream_deadline
 from tests.conftest import PkiFiles, scaled
-from tests.edge_env import Stack, edge_stack
+from tests.edge_env import Stack
 from tests.polling import wait_until
+from tests.slow_backend import SlowBackend, slow_stack
 
-POOL_EXTRA = 'response_timeout_s = 1.0\nread_timeout_s = 1.0\nlong_poll_prefixes = ["/poll"]\n'
-
-
-class HangingBackend:
-    """HTTP/1.1 on a thread per connection, one request each: /ok answers (and
-    closes), /hang-head never does,
-    /hang-body sends a head and 10 of 100 octets then goes silent, /poll answers
-    once the test sets ``release_polls``."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.closed_by_peer: list[str] = []
-        self.received: list[str] = []
-        self.release_polls = threading.Event()
-        self._stop = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            head = b""
-            while b"\r\n\r\n" not in head:
-                data = conn.recv(4096)
-                if not data:
-                    return
-                head += data
-            path = head.split(b" ", 2)[1].decode()
-            self.received.append(path)
-            if path.startswith("/poll"):
-                self.release_polls.wait(60)
-            if path.startswith(("/ok", "/poll")):
-                # One request per connection: the origin must not park it for the next.
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
-                return
-            if path.startswith("/hang-body"):
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
-            conn.settimeout(10)
-            try:  # hold the connection until the origin gives up on it
-                if conn.recv(1) == b"":
-                    self.closed_by_peer.append(path)
-            except (OSError, TimeoutError):
-                self.closed_by_peer.append(path)
-
-    def close(self) -> None:
-        self._stop.set()
-        self.sock.close()
+POOL_EXTRA = """
+first_byte_timeout_s = 1.0
+between_bytes_timeout_s = 1.0
+long_poll_prefixes = ["/poll"]
+"""
 
 
 @pytest.fixture(scope="module")
 def stack(test_pki: PkiFiles, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    backend = HangingBackend()
-    try:
-        with edge_stack(
-            test_pki,
-            tmp_path_factory.mktemp("deadlines"),
-            backend_port=backend.port,
-            origin_pool_extra=POOL_EXTRA,
-        ) as s:
-            s.backend = backend  # type: ignore[attr-defined]
-            yield s
-    finally:
-        backend.close()
+    with slow_stack(
+        test_pki, tmp_path_factory.mktemp("deadlines"), origin_pool_extra=POOL_EXTRA
+    ) as s:
+        yield s
 
 
 def get(stack: Stack, path: str) -> tuple[int | str, bytes, float, str]:
@@ -131,9 +75,8 @@ def origin_lines(stack: Stack, path: str) -> list[dict[str, object]]:
 
 
 def wait_for_line(stack: Stack, path: str) -> dict[str, object]:
-    return wait_until(lambda: origin_lines(stack, path), f"no origin access-log line for {path}")[
-        -1
-    ]
+    lines = wait_until(lambda: origin_lines(stack, path), f"no origin access-log line for {path}")
+    return lines[-1]
 
 
 def test_a_backend_that_never_answers_gets_the_client_a_504_at_the_deadline(stack: Stack) -> None:
@@ -159,30 +102,33 @@ def test_long_polls_and_answers_in_time_are_left_alone(stack: Stack) -> None:
     """The long poll is answered only once the origin has cut a request that
     reached the backend after it (its 1 s deadline passed for both): a poll the
     deadline applied to would have been cut by then."""
-    backend: HangingBackend = stack.backend  # type: ignore[attr-defined]
+    backend: SlowBackend = stack.backend  # type: ignore[attr-defined]
     assert get(stack, "/ok")[:2] == (200, b"ok")
     poll: list[tuple[int | str, bytes, float, str]] = []
-    thread = threading.Thread(target=lambda: poll.append(get(stack, "/poll?wait=1")))
+    thread = threading.Thread(target=lambda: poll.append(get(stack, "/poll?hold=1")))
     thread.start()
     try:
-        wait_until(lambda: "/poll?wait=1" in backend.received, "the poll never reached it")
+        wait_until(lambda: "/poll?hold=1" in backend.received, "the poll never reached it")
         assert get(stack, "/hang-head?canary=1")[0] == 504  # cut by the origin's deadline
         wait_until(lambda: "/hang-head?canary=1" in backend.closed_by_peer, "the canary was kept")
     finally:
-        backend.release_polls.set()
+        backend.release.set()
         thread.join(scaled(30))
     assert poll and poll[0][:2] == (200, b"ok"), poll
-    assert wait_for_line(stack, "/poll?wait=1")["outcome"] == "ok"
+    assert wait_for_line(stack, "/poll?hold=1")["outcome"] == "ok"
 
 
 def test_which_deadline_applies() -> None:
     pool = PoolSnapshot(
-        "app", response_timeout_s=60, read_timeout_s=30, long_poll_prefixes=("/lp",)
+        "app", first_byte_timeout_s=60, between_bytes_timeout_s=30, long_poll_prefixes=("/lp",)
     )
     assert stream_deadline(pool, 0, 0.0, "/x") == 60  # waiting for the first octet
     assert stream_deadline(pool, 200, 12.5, "/x") == 30  # the response has started
     assert stream_deadline(pool, 101, 12.5, "/ws") == 0  # a WebSocket: the edge's idle timeout
     assert stream_deadline(pool, 0, 0.0, "/lp/events") == 0  # a long poll
     assert stream_deadline(pool, 0, 0.0, None) == 60
-    off = PoolSnapshot("app", response_timeout_s=0, read_timeout_s=0)
+    # The edge marked it a long poll (LONG_POLL): the pool's own list need not say so.
+    assert stream_deadline(pool, 0, 0.0, "/events", long_poll=True) == 0
+    assert stream_deadline(pool, 200, 12.5, "/events", long_poll=True) == 0
+    off = PoolSnapshot("app", first_byte_timeout_s=0, between_bytes_timeout_s=0)
     assert stream_deadline(off, 0, 0.0, "/x") == 0

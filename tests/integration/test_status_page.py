@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from geoedge.version import build_mode, package_version
 from tests.browser import Browser, chromium_path
 from tests.conftest import PkiFiles, run_async, scaled
 from tests.edge_env import Stack, edge_stack, node_available
@@ -75,7 +76,10 @@ def test_the_edge_page_shows_its_tunnels_and_where_the_time_goes(
         # requests went out, so there is a ratio, and loopback hardly loses any.
         assert resent.endswith(" %") and float(resent[:-2]) < 5, resent
         assert any(row[0].startswith("TLS handshake (TLSv1.3)") for row in table(page, "Where"))
-        assert table(page, "Workers"), "no worker rows"
+        workers = table(page, "Workers")
+        assert workers, "no worker rows"
+        # Each worker says which version it runs (a reload shows old and new).
+        assert {row[1] for row in workers} == {f"{package_version()} ({build_mode()})"}
 
         html = fetch(stack.admin_port, "/status").decode()
         assert html.startswith("<!doctype html>") and "<main>" in html and "origin-a" in html

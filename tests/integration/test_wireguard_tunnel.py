@@ -285,6 +285,7 @@ address = "127.0.0.1:{NODE_PORT}"
 id = "e1"
 workers = 1
 drain_timeout_s = 2.0
+access_log = ""
 
 [[listeners]]
 address = "127.0.0.1:{EDGE_PORT}"
@@ -293,9 +294,6 @@ address = "127.0.0.1:{EDGE_PORT}"
 [[tls.certificates]]
 cert = "{d / "server.pem"}"
 key = "{d / "server-key.pem"}"
-
-[http]
-access_log = ""
 
 [admin]
 address = "127.0.0.1:{EDGE_ADMIN}"

@@ -390,6 +390,7 @@ _METADATA = st.builds(
     tls_resumed=st.none() | st.booleans(),
     method=st.none() | _TEXT,
     target=st.none() | _TEXT,
+    long_poll=st.none() | st.booleans(),
     extra=st.dictionaries(st.integers(0x20, 0xFF), st.binary(max_size=6), max_size=3),
 )
 

@@ -324,7 +324,7 @@ def test_init_in_the_user_data_names_exactly_the_files_it_fetches(
         assert not config.acme.enabled
         assert config.tls.certificates[0].names == ("app.example.com", "www.example.com")
     [listener] = config.listeners
-    assert listener.proxy_protocol and [str(n) for n in listener.trusted_proxies] == [
+    assert listener.proxy_protocol == "v2" and [str(n) for n in listener.trusted_proxies] == [
         SAMPLE["VpcCidr"]
     ]
     named = {str(p) for c in config.tls.certificates for p in (c.cert, c.key)}

@@ -560,14 +560,14 @@ def test_a_renamed_key_still_loads_with_a_warning_naming_the_new_key_and_the_fil
     assert old.edge.access_log == new.edge.access_log == "/var/log/geoedge/access.log"
     [record] = [r for r in caplog.records if r.name == "geoedge.config"]
     assert record.getMessage() == (
-        f"{path}: [http] access_log: deprecated: renamed to edge.access_log (move it there)"
+        f"{path}: [http] access_log: deprecated: renamed to [edge] access_log (move it there)"
     )
     # Both at once is an error naming the file, not a silent choice.
     path.write_text(old_text.replace("[edge]\n", '[edge]\naccess_log = "-"\n', 1))
     with pytest.raises(ConfigError) as caught:
         load_config(path, EdgeConfig)
     assert str(caught.value) == (
-        f"{path}: [http] access_log: renamed to edge.access_log: give only the new key"
+        f"{path}: [http] access_log: renamed to [edge] access_log: give only the new key"
         " (both are set)"
     )
     # What is rendered (init, --defaults) uses the new name only.

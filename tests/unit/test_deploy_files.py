@@ -73,7 +73,7 @@ def test_edge_example_loads_as_described() -> None:
     config = edge_example()
     assert config.edge.id == "tokyo-1"
     [listener] = config.listeners
-    assert listener.proxy_protocol
+    assert listener.proxy_protocol == "v2"
     assert listener.trusted_proxies == (ipaddress.ip_network("10.20.0.0/16"),)
     assert config.redirect is not None
     assert "/.well-known/acme-challenge/" in config.redirect.pass_through_prefixes
@@ -283,7 +283,8 @@ def test_units_share_one_layout(unit: Path) -> None:
         assert one(service, "Type") == "notify" and one(service, "NotifyAccess") == "main"
         assert one(service, "WatchdogSec") == "30"
         assert one(service, "Sockets") == unit.name.replace(".service", ".socket")
-        assert one(service, "ExecReload") == "/bin/kill -HUP $MAINPID"
+        binary_config = one(service, "ExecStart")
+        assert one(service, "ExecReload") == f"{binary_config} --reload $MAINPID"
         assert one(service, "User") == one(service, "Group") == "geoedge"
         assert one(service, "LimitNOFILE") == "1048576"
         assert "ExecStartPre" not in service, "the daemon checks its config itself (exit 2)"

@@ -34,7 +34,7 @@ def test_edge_toml_with_every_table_loads(keys: devstack.DevPki, tmp_path: Path)
             workers=2,
             drain_timeout_s=1.5,
             access_log=tmp_path / "access.log",
-            limits={"max_connections": 1000, "max_connections_per_client_ip": 100},
+            admission={"max_connections": 1000, "max_connections_per_client_ip": 100},
             tunnel={"ping_interval_s": 0.5, "ping_timeout_s": 2.0},
             origin_tunnel={"connections": 3, "connect_timeout_s": 2.0},
         )
@@ -48,8 +48,8 @@ def test_edge_toml_with_every_table_loads(keys: devstack.DevPki, tmp_path: Path)
     assert config.listeners[0].address == "127.0.0.1:8443"
     assert config.admin.address == "127.0.0.1:9100"
     assert config.edge.access_log == str(tmp_path / "access.log")
-    assert config.limits.max_connections == 1000
-    assert config.limits.max_connections_per_client_ip == 100
+    assert config.admission.max_connections == 1000
+    assert config.admission.max_connections_per_client_ip == 100
     assert config.tunnel.ping_interval_s == 0.5
     assert [origin.name for origin in config.origins] == ["origin-a", "origin-b"]
     tunnel = config.origins[1].tunnel

@@ -10,8 +10,8 @@ from edge.admission import ConnectionAdmission, Refusal, RequestRate
 from edge.deadlines import Deadlines, Missed, Phase, expired
 
 DEADLINES = Deadlines(
-    header_s=10, keepalive_s=75, body_s=30, response_s=60, tunnel_idle_s=3600,
-    long_poll_prefixes=("/poll",),
+    header_s=10, keepalive_s=75, body_s=30, first_byte_s=60, between_bytes_s=20,
+    tunnel_idle_s=3600, long_poll_prefixes=("/poll",),
 )  # fmt: skip
 
 
@@ -21,6 +21,7 @@ class Clock:
     phase_since: float = 0.0
     client_active_at: float = 0.0
     upstream_active_at: float = 0.0
+    response_started: bool = False
     response_paused: bool = False
     awaited_path: str = "/"
 
@@ -34,10 +35,19 @@ class Clock:
         (Clock(Phase.IDLE), 74.9, None),
         (Clock(Phase.SENDING, phase_since=0, client_active_at=50), 79, None),
         (Clock(Phase.SENDING, client_active_at=50), 80.1, Missed.BODY),
+        (Clock(Phase.WAITING, upstream_active_at=100), 159.9, None),
         (Clock(Phase.WAITING, upstream_active_at=100), 160.1, Missed.RESPONSE),
+        # Once the response has started, the silence allowed between its octets.
+        (Clock(Phase.WAITING, upstream_active_at=100, response_started=True), 119.9, None),
+        (
+            Clock(Phase.WAITING, upstream_active_at=100, response_started=True),
+            120.1,
+            Missed.RESPONSE,
+        ),
         (Clock(Phase.WAITING, upstream_active_at=100, response_paused=True), 900, None),
         (Clock(Phase.WAITING, awaited_path="/poll?x"), 3000, None),
         (Clock(Phase.WAITING, awaited_path="/poll?x"), 3600.1, Missed.RESPONSE),
+        (Clock(Phase.WAITING, awaited_path="/poll?x", response_started=True), 3000, None),
         (Clock(Phase.TUNNEL, client_active_at=5, upstream_active_at=3000), 3700, None),
         (Clock(Phase.TUNNEL, client_active_at=5, upstream_active_at=6), 3606.1, Missed.TUNNEL_IDLE),
     ],

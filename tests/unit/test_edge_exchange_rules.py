@@ -32,6 +32,23 @@ def test_on_fault(fault: Fault, code: int | None, answered: bool, replayable: bo
     assert on_fault(fault, code=code, answered=answered, replayable=replayable) == action
 
 
+@pytest.mark.parametrize("replayable", [True, False])
+def test_a_refused_stream_is_resent_whatever_the_replay_budget(replayable: bool) -> None:
+    """REFUSED_STREAM: never processed (PROTOCOL.md §6.6, an origin going away),
+    so the request goes again without spending its one replay."""
+    resend = on_fault(
+        Fault.RESET, code=R.REFUSED_STREAM, answered=False, replayable=replayable, resendable=True
+    )
+    assert resend == Action(Step.RESEND, 502, "upstream_reset")
+    spent = on_fault(
+        Fault.RESET, code=R.REFUSED_STREAM, answered=False, replayable=replayable, resendable=False
+    )
+    assert spent.step is (Step.REPLAY if replayable else Step.ANSWER)
+    # Other resets are not refusals: the replay rules hold.
+    other = on_fault(Fault.RESET, code=R.CANCEL, answered=False, replayable=False, resendable=True)
+    assert other.step is Step.ANSWER
+
+
 @pytest.mark.parametrize(
     ("whole", "boundary", "queued", "code"),
     [

@@ -65,7 +65,7 @@ def test_init_edge_writes_a_complete_config_the_daemon_loads(
     assert config.origins[0].weight > config.origins[1].weight
     assert config.origins[0].tunnel.cert == Path("/etc/geoedge/pki/edge-tokyo-1.pem")
     [listener] = config.listeners
-    assert listener.proxy_protocol and str(listener.trusted_proxies[0]) == "10.20.0.0/16"
+    assert listener.proxy_protocol == "v2" and str(listener.trusted_proxies[0]) == "10.20.0.0/16"
     assert config.tls.certificates[0].names == ("app.example.com", "www.example.com")
     text = (tmp_path / "edge.toml").read_text()
     # Every key written out, each documented field with its docstring above it.

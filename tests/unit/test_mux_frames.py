@@ -476,6 +476,9 @@ def test_metadata_round_trips_every_key() -> None:
         host="www.example.com:8443",
         request_id="0f1e2d3c",
         tls_resumed=True,
+        method="GET",
+        target="/events?since=7",
+        long_poll=True,
         extra={0x42: b"\x00\xffopaque", 0xE0: b""},
     )
     encoded = meta.encode()
@@ -483,6 +486,7 @@ def test_metadata_round_trips_every_key() -> None:
     assert StreamMetadata.decode(memoryview(encoded)) == meta
     assert StreamMetadata.decode(b"") == StreamMetadata()
     assert StreamMetadata.decode(StreamMetadata(tls_resumed=False).encode()).tls_resumed is False
+    assert StreamMetadata.decode(StreamMetadata(long_poll=False).encode()).long_poll is False
 
 
 def test_metadata_item_layouts() -> None:
@@ -495,7 +499,8 @@ def test_metadata_item_layouts() -> None:
     assert StreamMetadata(alpn="h2", tls_resumed=False).encode() == bytes.fromhex(
         "04 0002 6832 0a 0001 00"
     )
-    assert [k.value for k in MetaKey] == list(range(1, 13))
+    assert StreamMetadata(long_poll=True).encode() == bytes.fromhex("0d 0001 01")
+    assert [k.value for k in MetaKey] == list(range(1, 14))
 
 
 def test_unknown_metadata_keys_are_kept_and_passed_on() -> None:
@@ -517,6 +522,8 @@ def test_unknown_metadata_keys_are_kept_and_passed_on() -> None:
         bytes.fromhex("02 0013 04" + "00" * 18),  # family 4 with 16 octets
         bytes.fromhex("0a 0001 02"),  # TLS_RESUMED not 0/1
         bytes.fromhex("0a 0000"),
+        bytes.fromhex("0d 0001 02"),  # LONG_POLL not 0/1
+        bytes.fromhex("0d 0002 0101"),
         bytes.fromhex("08 0001 61 08 0001 62"),  # a known key twice
         bytes.fromhex("ee 0000 ee 0000"),  # an unknown key twice
         # a key before and after the first item about the connection (the
@@ -569,6 +576,11 @@ def test_request_fields_appended_to_a_connections_encoding_decode_as_one() -> No
         "tokyo-1",
     )
     assert encode_request_fields(None, None) == b""
+    # LONG_POLL is the request's, not the connection's: sent only when set.
+    marked = encode_request_fields("shop.test", "r-2", "GET", "/events", long_poll=True)
+    assert marked.endswith(bytes.fromhex("0d 0001 01"))
+    assert StreamMetadata.decode(marked + base.encode()).long_poll is True
+    assert StreamMetadata.decode(wire).long_poll is None
 
 
 def test_a_connections_items_are_decoded_once_for_all_its_requests() -> None:

@@ -53,7 +53,8 @@ def test_example_systemd_unit_outlasts_the_drain() -> None:
     drain = load_origin_config(EXAMPLE).origin.drain_timeout_s
     stop = next(line for line in unit.splitlines() if line.startswith("TimeoutStopSec="))
     assert float(stop.split("=")[1]) > drain
-    assert "ExecReload=/bin/kill -HUP $MAINPID" in unit
+    reload = "/usr/local/bin/geoedge-origin --config /etc/geoedge/origin.toml --reload $MAINPID"
+    assert f"ExecReload={reload}" in unit
     assert "KillSignal=SIGTERM" in unit
     assert "--config /etc/geoedge/origin.toml" in unit
 

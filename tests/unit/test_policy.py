@@ -33,6 +33,7 @@ def test_backoff_spreads_a_fleet_instead_of_lockstep() -> None:
 class Conn:
     can_open_stream: bool
     open_streams: int
+    warming: bool = False
 
 
 def test_choose_connection_prefers_usable_and_least_loaded() -> None:
@@ -42,6 +43,39 @@ def test_choose_connection_prefers_usable_and_least_loaded() -> None:
     assert choose_connection([]) is None
     d = Conn(True, 2)
     assert choose_connection([c, d]) is c  # first on ties
+
+
+def test_choose_connection_prefers_a_warm_connection_to_a_warming_one() -> None:
+    """A new stream waits behind no warm-up padding while a warm connection exists."""
+    warming, warm = Conn(True, 0, warming=True), Conn(True, 9)
+    assert choose_connection([warming, warm]) is warm
+    assert choose_connection([warm, warming]) is warm
+    # Only warming ones: the least loaded of them (better than no tunnel).
+    other = Conn(True, 3, warming=True)
+    assert choose_connection([other, warming]) is warming
+    assert choose_connection([Conn(False, 0), other]) is other
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.integers(min_value=0, max_value=50), st.booleans()),
+        max_size=8,
+    )
+)
+def test_choose_connection_picks_the_least_loaded_of_the_warmest_usable(
+    specs: list[tuple[bool, int, bool]],
+) -> None:
+    conns = [Conn(usable, streams, warming) for usable, streams, warming in specs]
+    chosen = choose_connection(conns)
+    usable = [c for c in conns if c.can_open_stream]
+    if not usable:
+        assert chosen is None
+        return
+    warm = [c for c in usable if not c.warming] or usable
+    assert chosen is not None and chosen in warm
+    assert chosen.open_streams == min(c.open_streams for c in warm)
+    assert chosen is next(c for c in warm if c.open_streams == chosen.open_streams)
 
 
 def test_choose_origin_skips_unusable_and_far_origins() -> None:

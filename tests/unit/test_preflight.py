@@ -64,8 +64,8 @@ def test_every_problem_is_reported_with_its_setting(tmp_path: Path) -> None:
         FileCheck(key, "private key", "[[tls.certificates]] key"),
         FileCheck(tmp_path / "nope.pem", "CA", "[origins.tunnel] (a) ca"),
         FileCheck(tmp_path, "certificate", "[x] cert"),
-        FileCheck(tmp_path / "a-file" / "access.log", "log file", "[http] access_log"),
-        FileCheck(tmp_path / "no-dir" / "access.log", "log file", "[http] access_log"),
+        FileCheck(tmp_path / "a-file" / "access.log", "log file", "[edge] access_log"),
+        FileCheck(tmp_path / "no-dir" / "access.log", "log file", "[edge] access_log"),
     ]
     (tmp_path / "a-file").write_text("")
     with pytest.raises(PreflightError) as caught:
@@ -76,11 +76,11 @@ def test_every_problem_is_reported_with_its_setting(tmp_path: Path) -> None:
         f"[origins.tunnel] (a) ca: {tmp_path / 'nope.pem'}: cannot read the CA "
         "(No such file or directory)",
         f"[x] cert: {tmp_path}: cannot read the certificate (Is a directory)",
-        f"[http] access_log: {tmp_path / 'a-file' / 'access.log'}: "
+        f"[edge] access_log: {tmp_path / 'a-file' / 'access.log'}: "
         f"{tmp_path / 'a-file'} is not a directory",
     ]  # (a missing directory is made by the daemon: only its parent must be writable)
     key.chmod(0o600)
-    log = FileCheck(tmp_path / "a.log", "log file", "[http] access_log")
+    log = FileCheck(tmp_path / "a.log", "log file", "[edge] access_log")
     check_files([*checks[:2], log], service_gid=None)
 
 

@@ -21,12 +21,10 @@ from pathlib import Path
 import pytest
 import uvloop
 
+from geoedge.worker_fds import fds_opened_since, open_fds, release_fds
 from geoedge.workers import (
     Supervisor,
     WorkerContext,
-    _fds_opened_since,
-    _open_fds,
-    _release_fds,
     listen_control,
     resolve_worker_count,
 )
@@ -368,23 +366,23 @@ def test_a_restarted_worker_inherits_only_what_was_open_when_run_started(
 def test_descriptors_opened_since_a_record_are_released(tmp_path: Path) -> None:
     kept_r, kept_w = os.pipe()
     reused = os.open(tmp_path / "first", os.O_CREAT | os.O_RDWR)
-    record = _open_fds()
+    record = open_fds()
     assert record is not None and {kept_r, kept_w, reused} <= record.keys()
     other = os.open(tmp_path / "second", os.O_CREAT | os.O_RDWR)
     os.dup2(other, reused)  # the same number, now for another file
     os.close(other)
     sock_a, sock_b = socket.socketpair()
     try:
-        now = _open_fds()
+        now = open_fds()
         assert now is not None
-        opened = _fds_opened_since(record, now, keep={sock_a.fileno()})
+        opened = fds_opened_since(record, now, keep={sock_a.fileno()})
         assert opened == sorted([reused, sock_b.fileno()])
-        _release_fds(opened)
+        release_fds(opened)
         assert fd_target(reused) == fd_target(sock_b.fileno()) == os.devnull  # numbers kept
         sock_a.settimeout(5)
         assert sock_a.recv(1) == b""  # nothing holds the other end any more
         assert fd_target(kept_r).startswith("pipe:")
-        assert _fds_opened_since({}, {0: (1, 1), 1: (1, 2), 2: (1, 3)}, keep=()) == []
+        assert fds_opened_since({}, {0: (1, 1), 1: (1, 2), 2: (1, 3)}, keep=()) == []
     finally:
         for fd in (kept_r, kept_w, reused):
             os.close(fd)

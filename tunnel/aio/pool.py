@@ -53,9 +53,12 @@ class TunnelPool:
         backoff: Backoff | None = None,
         rng: random.Random | None = None,
         on_usable: Callable[[], None] | None = None,
+        on_goaway: Callable[[TunnelConnection], None] | None = None,
     ) -> None:
         """``on_usable``: called each time a new connection joins the pool (it can
-        take streams then), e.g. to start streams that waited for one."""
+        take streams then), e.g. to start streams that waited for one;
+        ``on_goaway(connection)``: the peer told ``connection`` to go away (its
+        streams may finish; long-lived ones had better move)."""
         self.name = name
         self._dial = dial
         self.size = size
@@ -69,6 +72,7 @@ class TunnelPool:
         self._dial_failures = 0
         self._learned_window = 0
         self._on_usable = on_usable
+        self._on_goaway = on_goaway
 
     def start(self) -> None:
         for slot in range(self.size):
@@ -118,6 +122,8 @@ class TunnelPool:
         def on_event(conn: TunnelConnection, event: object) -> None:
             if isinstance(event, GoAwayReceived | ConnectionTerminated):
                 leaving.set()
+            if isinstance(event, GoAwayReceived) and self._on_goaway is not None:
+                self._on_goaway(conn)
 
         connection.add_listener(on_event)
         self._connections.append(connection)

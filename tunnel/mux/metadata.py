@@ -37,6 +37,7 @@ class MetaKey(enum.IntEnum):
     TLS_RESUMED = 0x0A
     METHOD = 0x0B
     TARGET = 0x0C
+    LONG_POLL = 0x0D
 
 
 _TEXT_FIELDS: tuple[tuple[MetaKey, str], ...] = (
@@ -55,6 +56,8 @@ _KNOWN_KEYS = frozenset(int(k) for k in MetaKey)
 _CLIENT_ADDRESS = int(MetaKey.CLIENT_ADDRESS)
 _SERVER_ADDRESS = int(MetaKey.SERVER_ADDRESS)
 _TLS_RESUMED = int(MetaKey.TLS_RESUMED)
+_LONG_POLL = int(MetaKey.LONG_POLL)
+_FLAG = {b"\x00": False, b"\x01": True}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,9 @@ class StreamMetadata:
     tls_resumed: bool | None = None
     method: str | None = None
     target: str | None = None
+    long_poll: bool | None = None
+    """The edge lists the request's target as a long poll: no response
+    deadline applies to its stream (PROTOCOL.md §6.2)."""
     extra: dict[int, bytes] = field(default_factory=dict)
 
     def encode(self) -> bytes:
@@ -88,6 +94,8 @@ class StreamMetadata:
                 items.append((key, value.encode("utf-8", "surrogateescape")))
         if self.tls_resumed is not None:
             items.append((MetaKey.TLS_RESUMED, b"\x01" if self.tls_resumed else b"\x00"))
+        if self.long_poll is not None:
+            items.append((MetaKey.LONG_POLL, b"\x01" if self.long_poll else b"\x00"))
         items.sort(key=lambda item: item[0])
         out = bytearray()
         for item_key, raw in items:
@@ -133,6 +141,7 @@ _CONNECTION_KEYS = frozenset(int(k) for k in MetaKey) - {
     int(MetaKey.REQUEST_ID),
     int(MetaKey.METHOD),
     int(MetaKey.TARGET),
+    int(MetaKey.LONG_POLL),
 }
 
 
@@ -174,11 +183,11 @@ def _decode_items(
             values["client_address"] = _decode_address(data[pos:stop])
         elif key == _SERVER_ADDRESS:
             values["server_address"] = _decode_address(data[pos:stop])
-        elif key == _TLS_RESUMED:
-            raw = data[pos:stop]
-            if raw not in (b"\x00", b"\x01"):
-                raise MetadataError("TLS_RESUMED must be one octet, 0 or 1")
-            values["tls_resumed"] = raw == b"\x01"
+        elif key in (_TLS_RESUMED, _LONG_POLL):
+            flag = _FLAG.get(data[pos:stop])
+            if flag is None:
+                raise MetadataError(f"{MetaKey(key).name} must be one octet, 0 or 1")
+            values["tls_resumed" if key == _TLS_RESUMED else "long_poll"] = flag
         else:
             extra[key] = data[pos:stop]
         pos = stop
@@ -201,8 +210,11 @@ def encode_request_fields(
     request_id: str | None,
     method: str | None = None,
     target: str | None = None,
+    *,
+    long_poll: bool = False,
 ) -> bytes:
-    """TLV items of the per-request fields (Host, request id, method, target), to
+    """TLV items of the per-request fields (Host, request id, method, target,
+    LONG_POLL when ``long_poll``), to
     append to a connection's metadata encoded once (:meth:`StreamMetadata.encode`):
     a client connection opens a stream per request (PROTOCOL.md §6.7), and
     re-encoding its addresses and TLS facts for each was measurable at the edge.
@@ -217,6 +229,8 @@ def encode_request_fields(
         _put(out, MetaKey.METHOD, method.encode("utf-8"))
     if target is not None:
         _put(out, MetaKey.TARGET, target.encode("utf-8", "surrogateescape"))
+    if long_poll:
+        _put(out, MetaKey.LONG_POLL, b"\x01")
     return bytes(out)
 
 
