@@ -43,8 +43,6 @@ import socket
 
 import uvloop
 from aiohttp import web
-from prometheus_client import CollectorRegistry
-from prometheus_client.multiprocess import MultiProcessCollector
 
 from edge.acme_status import HeldCertificates
 from edge.config import EdgeConfig, ListenerConfig
@@ -59,6 +57,7 @@ from geoedge.memory import MemoryKeeper, tune_gc
 from geoedge.metrics import (
     cleanup_multiprocess,
     merged_families,
+    merged_registry,
     process_exited,
 )
 from geoedge.preflight import ListenError
@@ -414,11 +413,9 @@ def edge_certificates(config: EdgeConfig, acme: HeldCertificates | None = None) 
 def tunnels_up() -> dict[str, float]:
     """Usable tunnel connections per origin, summed over the workers (each
     exports ``geoedge_edge_tunnels_up``; read from the multiprocess files)."""
-    registry = CollectorRegistry()
-    MultiProcessCollector(registry)
     return {
         sample.labels.get("origin", "?"): sample.value
-        for metric in registry.collect()
+        for metric in merged_registry().collect()
         if metric.name == "geoedge_edge_tunnels_up"
         for sample in metric.samples
     }

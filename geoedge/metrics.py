@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import glob
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -58,6 +59,7 @@ __all__ = [
     "enable_multiprocess",
     "exposition",
     "merged_families",
+    "merged_registry",
     "multiprocess_enabled",
     "process_exited",
 ]
@@ -141,19 +143,42 @@ def exposition(
         registry.register(_Families(keep(merged_families(registries))))
         return generate_latest(registry), CONTENT_TYPE_LATEST
     if multiprocess_enabled():
-        merged = CollectorRegistry()
-        multiprocess.MultiProcessCollector(merged)
-        return generate_latest(merged), CONTENT_TYPE_LATEST
+        return generate_latest(merged_registry()), CONTENT_TYPE_LATEST
     return b"".join(generate_latest(r) for r in registries), CONTENT_TYPE_LATEST
 
 
 def merged_families(registries: Sequence[CollectorRegistry] = ()) -> list[Metric]:
     """The metric families :func:`exposition` would print, as objects."""
     if multiprocess_enabled():
-        merged = CollectorRegistry()
-        multiprocess.MultiProcessCollector(merged)
-        return list(merged.collect())
+        return list(merged_registry().collect())
     return [family for registry in registries for family in registry.collect()]
+
+
+class _WrittenFiles(multiprocess.MultiProcessCollector):
+    """prometheus_client's merge of the value files, leaving out a file that a
+    process is creating at this moment: ``MmapedDict`` opens it (0 octets), then
+    sizes it, and a merge in between failed on the empty file (a struct.error
+    out of /metrics or /readyz while a worker started). Such a file holds no
+    value yet."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        multiprocess.MultiProcessCollector.__init__(self, registry)
+
+    def collect(self) -> Iterable[Metric]:
+        files = []
+        for path in glob.glob(os.path.join(self._path, "*.db")):
+            with contextlib.suppress(OSError):  # gone (a dead worker's, cleaned up)
+                if os.path.getsize(path) >= 8:  # the header: octets in use
+                    files.append(path)
+        merged: Iterable[Metric] = multiprocess.MultiProcessCollector.merge(files, accumulate=True)
+        return merged
+
+
+def merged_registry() -> CollectorRegistry:
+    """A registry that collects every process's values (multiprocess mode)."""
+    registry = CollectorRegistry()
+    _WrittenFiles(registry)
+    return registry
 
 
 class MetricSet:

@@ -177,9 +177,10 @@ def quiet_origin_toml(
     backends: Sequence[int],
     drain_timeout_s: float,
     health: devstack.HealthCheck | None = None,
+    workers: int = 1,
 ) -> str:
-    """The load tests' origin: one worker logging warnings only, no access log,
-    one pool ("node") over ``backends``."""
+    """The load tests' origin: ``workers`` worker(s) logging warnings only, no
+    access log, one pool ("node") over ``backends``."""
     return devstack.origin_toml(
         keys,
         origin_id=keys.origin_id,
@@ -189,6 +190,7 @@ def quiet_origin_toml(
         backends=backends,
         pool="node",
         health=health,
+        workers=workers,
         drain_timeout_s=drain_timeout_s,
         log_level="warning",
         access_log="",

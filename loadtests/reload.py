@@ -44,10 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from loadtests.edge_stack import children, open_fds, rss_kib
-from loadtests.reload_stack import ReloadStack, Venv, build_wheels, exec_reload
+from loadtests.reload_stack import ReloadStack, Venv, build_wheels, exec_reload, worker_versions
 from loadtests.restart import read_frame, read_response, ws_frame, ws_handshake
 
 RESULTS = Path(__file__).resolve().parent / "results" / "reload.json"
@@ -212,23 +210,6 @@ async def _wait_close(reader: asyncio.StreamReader) -> int:
     return int.from_bytes(payload[:2], "big") if len(payload) >= 2 else 1005
 
 
-def build_info(text: str) -> dict[str, str]:
-    """pid -> version, from ``geoedge_build_info`` in a /metrics text."""
-    return {
-        sample.labels["pid"]: sample.labels["version"]
-        for family in text_string_to_metric_families(text)
-        if family.name == "geoedge_build_info"
-        for sample in family.samples
-    }
-
-
-def metrics(port: int) -> str:
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return str(response.read().decode())
-
-
 async def settle(pid: int, workers: int, timeout_s: float = 60.0) -> list[int]:
     """Until ``pid`` has exactly ``workers`` children (the old ones are gone)."""
     deadline = time.monotonic() + timeout_s
@@ -239,11 +220,21 @@ async def settle(pid: int, workers: int, timeout_s: float = 60.0) -> list[int]:
         await asyncio.sleep(0.1)
 
 
+def run_reload(stack: ReloadStack, role: str, config: Path, pid: int) -> tuple[int, str, float]:
+    """The unit's ``ExecReload=`` from the venv: (exit status, output, seconds)."""
+    started = time.monotonic()
+    done = exec_reload(
+        role, bin_dir=stack.venv.path / "bin", config=config, pid=pid,
+        cwd=stack.venv.home, env=stack.venv.env,
+    )  # fmt: skip
+    return done.returncode, (done.stdout + done.stderr).strip(), time.monotonic() - started
+
+
 async def reload_edge(stack: ReloadStack, scenario: str, tally: Tally) -> dict[str, Any]:
     before = children(stack.edge_pid)
     began = time.monotonic() - tally.began.get(tally.phase, time.monotonic())
     code, output, took = await asyncio.to_thread(
-        exec_reload, "geoedge-edge.service", stack.venv, stack.edge_config, stack.edge_pid
+        run_reload, stack, "edge", stack.edge_config, stack.edge_pid
     )
     return {"scenario": scenario, "exit": code, "output": output, "seconds": round(took, 2),
             "began_at_s": round(began, 2), "workers_before": before}  # fmt: skip
@@ -257,7 +248,7 @@ async def upgrade(stack: ReloadStack, tally: Tally, new: tuple[str, Path]) -> di
     outcome = await reload_edge(stack, "upgrade", tally)
     await asyncio.sleep(WS_WINDOW_S + AFTER_S)
     after = await settle(stack.edge_pid, 2)
-    versions = build_info(await asyncio.to_thread(metrics, stack.ports.edge_admin))
+    versions = await asyncio.to_thread(worker_versions, stack.ports.edge_admin)
     installed = await asyncio.to_thread(stack.venv.version)  # not in the clients' loop
     return outcome | {
         "installed": installed,
@@ -265,7 +256,7 @@ async def upgrade(stack: ReloadStack, tally: Tally, new: tuple[str, Path]) -> di
         "build_info": versions,
         "ok": outcome["exit"] == 0
         and set(versions.values()) == {new_version}
-        and sorted(versions) == sorted(str(p) for p in after)
+        and sorted(versions) == sorted(after)
         and not set(after) & set(outcome["workers_before"]),
     }
 
@@ -294,7 +285,7 @@ async def origin(stack: ReloadStack, tally: Tally) -> dict[str, Any]:
     origin_pid = stack.origin_pid
     before = children(origin_pid)
     code, output, took = await asyncio.to_thread(
-        exec_reload, "geoedge-origin.service", stack.venv, stack.origin_config, origin_pid
+        run_reload, stack, "origin", stack.origin_config, origin_pid
     )
     await asyncio.sleep(AFTER_S)
     after = await settle(origin_pid, 2)

@@ -11,8 +11,14 @@
   venv. The edge's listening socket and notify socket are held here, where
   systemd holds them (``LISTEN_FDS``, ``NOTIFY_SOCKET``): the edge is started
   as ``geoedge-edge.service`` would start it.
-- :func:`exec_reload`: the command line of the shipped unit's ``ExecReload=``
-  with ``$MAINPID``, run as systemd runs it (its output and exit status).
+- :func:`unit_command`: a shipped unit's ``ExecStart=`` or ``ExecReload=``
+  command line, its commands and config moved to where a test installed them;
+  :func:`exec_reload` runs the ``ExecReload=`` one with ``$MAINPID``, as
+  systemd runs it (its output and exit status). The integration tests run
+  their reloads through these too (``tests/integration/test_reload.py``,
+  ``test_release_upgrade.py``).
+- :func:`worker_versions`: each worker's ``geoedge_build_info`` version, read
+  from a daemon's ``/metrics``.
 """
 
 from __future__ import annotations
@@ -27,8 +33,11 @@ import sysconfig
 import threading
 import time
 import tomllib
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from geoedge import devstack
 from geoedge.devstack import DevPki, StackError, free_port, tail, wait_port
@@ -131,27 +140,62 @@ class Venv:
         ).stdout.split()[-1]  # fmt: skip
 
 
-def exec_reload(
-    unit: str, venv: Venv, config: Path, pid: int, timeout_s: float = 120
-) -> tuple[int, str, float]:
-    """Run the unit's ``ExecReload=`` (binary and config retargeted to ``venv``
-    and ``config``, ``$MAINPID`` = ``pid``): (exit status, output, seconds)."""
+def unit_command(
+    role: str, directive: str, *, bin_dir: Path, config: Path, pid: int | None = None
+) -> list[str]:
+    """The command line of ``directive`` (``ExecStart`` or ``ExecReload``) in the
+    shipped ``geoedge-<role>.service``, with ``/usr/local/bin`` moved to
+    ``bin_dir``, ``/etc/geoedge/<role>.toml`` to ``config`` and ``$MAINPID``
+    replaced by ``pid``."""
+    prefix = f"{directive}="
     line = next(
-        line for line in (UNITS / unit).read_text().splitlines() if line.startswith("ExecReload=")
+        line
+        for line in (UNITS / f"geoedge-{role}.service").read_text().splitlines()
+        if line.startswith(prefix)
     )
-    argv = shlex.split(line.removeprefix("ExecReload="))
-    role = unit.removeprefix("geoedge-").removesuffix(".service")
     replaced = {
-        f"/usr/local/bin/geoedge-{role}": venv.bin(f"geoedge-{role}"),
+        f"/usr/local/bin/geoedge-{role}": str(bin_dir / f"geoedge-{role}"),
         f"/etc/geoedge/{role}.toml": str(config),
         "$MAINPID": str(pid),
     }
-    argv = [replaced.get(arg, arg) for arg in argv]
-    started = time.monotonic()
-    done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout_s, cwd=venv.home, env=venv.env
-    )
-    return done.returncode, (done.stdout + done.stderr).strip(), time.monotonic() - started
+    return [replaced.get(arg, arg) for arg in shlex.split(line.removeprefix(prefix))]
+
+
+def exec_reload(
+    role: str,
+    *,
+    bin_dir: Path,
+    config: Path,
+    pid: int,
+    cwd: Path,
+    env: dict[str, str],
+    timeout_s: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """Run the unit's ``ExecReload=`` (:func:`unit_command`) with ``$MAINPID`` =
+    ``pid``, as systemd runs it; the reload client prints what the supervisor
+    says on stderr, the last line ``<prog>: ok version ...``, ``refused ...``
+    or ``failed ...``."""
+    argv = unit_command(role, "ExecReload", bin_dir=bin_dir, config=config, pid=pid)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, cwd=cwd, env=env)
+
+
+def build_info(text: str) -> dict[int, str]:
+    """pid -> version of each ``geoedge_build_info`` series in a /metrics text
+    (one per live worker)."""
+    return {
+        int(sample.labels["pid"]): sample.labels["version"]
+        for family in text_string_to_metric_families(text)
+        if family.name == "geoedge_build_info"
+        for sample in family.samples
+    }
+
+
+def worker_versions(admin_port: int, timeout_s: float = 10.0) -> dict[int, str]:
+    """pid -> version each worker runs, from the admin listener's /metrics (a
+    connection of its own: a reload closes the old supervisor's keep-alive ones)."""
+    url = f"http://127.0.0.1:{admin_port}/metrics"
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return build_info(response.read().decode())
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,8 @@ from typing import Any
 
 import aiohttp
 
+from tests.conftest import scaled
+
 __all__ = ["Browser", "chromium_path"]
 
 
@@ -72,7 +74,7 @@ class Browser:
             stderr=subprocess.DEVNULL,
         )
         port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while not port_file.exists() or not port_file.read_text().strip():
             assert self._process.poll() is None, "chromium exited at start"
             assert time.monotonic() < deadline, "chromium did not open its DevTools port"
@@ -130,7 +132,7 @@ class Browser:
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[message_id] = future
         await self._ws.send_str(json.dumps({"id": message_id, "method": method, "params": params}))
-        reply = await asyncio.wait_for(future, 30)
+        reply = await asyncio.wait_for(future, scaled(30))
         if "error" in reply:
             raise RuntimeError(f"{method}: {reply['error']}")
         return reply.get("result", {})  # type: ignore[no-any-return]

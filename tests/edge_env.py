@@ -66,9 +66,11 @@ def run_load_test(module: str, *args: str, timeout: float) -> str:
     return done.stdout
 
 
-def wait_port(port: int, timeout: float = 10.0, host: str = "127.0.0.1") -> None:
+def wait_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1") -> None:
+    """Until ``port`` accepts; the timeout (scaled) only bounds a failure, so it
+    is generous: a process starting on a busy machine may take seconds."""
     try:
-        devstack.wait_port(port, time.monotonic() + timeout, host=host)
+        devstack.wait_port(port, time.monotonic() + scaled(timeout), host=host)
     except devstack.StackError as exc:
         raise TimeoutError(str(exc)) from None
 
@@ -182,14 +184,16 @@ class Stack:
     def tls_socket(self, timeout: float = 10) -> Iterator[ssl.SSLSocket]:
         """A TLS connection to the edge's HTTPS listener, for raw bytes."""
         with (
-            socket.create_connection(("127.0.0.1", self.https_port), timeout=timeout) as raw,
+            socket.create_connection(
+                ("127.0.0.1", self.https_port), timeout=scaled(timeout)
+            ) as raw,
             self.tls_context().wrap_socket(raw, server_hostname="localhost") as tls,
         ):
             yield tls
 
     def https(self, timeout: float = 10) -> http.client.HTTPSConnection:
         return http.client.HTTPSConnection(
-            "127.0.0.1", self.https_port, context=self.tls_context(), timeout=timeout
+            "127.0.0.1", self.https_port, context=self.tls_context(), timeout=scaled(timeout)
         )
 
     def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
@@ -219,14 +223,72 @@ class Stack:
         self.origin.wait()
 
     def metrics(self) -> str:
-        conn = http.client.HTTPConnection("127.0.0.1", self.admin_port, timeout=5)
+        conn = http.client.HTTPConnection("127.0.0.1", self.admin_port, timeout=scaled(5))
         conn.request("GET", "/metrics")
         return conn.getresponse().read().decode()
 
     def origin_metrics(self) -> str:
-        conn = http.client.HTTPConnection("127.0.0.1", self.origin_admin_port, timeout=5)
+        conn = http.client.HTTPConnection("127.0.0.1", self.origin_admin_port, timeout=scaled(5))
         conn.request("GET", "/metrics")
         return conn.getresponse().read().decode()
+
+    def answer_gate(self, path: str) -> None:
+        """Send the last request of a ``/gate`` group straight to Node (the
+        sample app holds each request of a group until all are there): every
+        request of the group held there is answered."""
+        direct = http.client.HTTPConnection("127.0.0.1", self.node_port, timeout=scaled(20))
+        try:
+            direct.request("GET", path)
+            assert direct.getresponse().status == 200
+        finally:
+            direct.close()
+
+    def edge_count(self, name: str, having: str = "") -> float:
+        """The edge's series ``name`` summed over its labels (those whose labels
+        contain ``having``); workers publish their counts once a second."""
+        return metric_sum(self.metrics(), name, having)
+
+    def origin_count(self, name: str, having: str = "") -> float:
+        """:meth:`edge_count` of the origin's /metrics."""
+        return metric_sum(self.origin_metrics(), name, having)
+
+
+def tcp_established(local_port: int, remote_port: int) -> bool:
+    """A loopback TCP connection from ``local_port`` to ``remote_port`` is
+    ESTABLISHED (/proc/net/tcp)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, state = fields[1], fields[2], fields[3]
+        if (
+            int(local.rpartition(":")[2], 16) == local_port
+            and int(remote.rpartition(":")[2], 16) == remote_port
+            and state == "01"
+        ):
+            return True
+    return False
+
+
+def tcp_connections_to(remote_port: int) -> int:
+    """Loopback TCP connections to ``remote_port`` that are ESTABLISHED
+    (/proc/net/tcp): a backend's open connections, parked ones included."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[2].rpartition(":")[2], 16) == remote_port and fields[3] == "01":
+            count += 1
+    return count
+
+
+def metric_sum(text: str, name: str, having: str = "") -> float:
+    """The sum of one series family's samples in the Prometheus text format,
+    over the samples whose labels contain ``having`` (``'status="200"'``)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            labels, _, value = line.rpartition(" ")
+            if having in labels[len(name) :]:
+                total += float(value)
+    return total
 
 
 def write_origin_config(
@@ -238,6 +300,7 @@ def write_origin_config(
     health: bool = True,
     admin_port: int | None = None,
     pool_extra: str = "",
+    workers: int = 1,
 ) -> Path:
     """A real origin balancer's config: one default pool over ``backends``;
     ``pool_extra``: more keys of that pool (TOML lines)."""
@@ -249,6 +312,7 @@ def write_origin_config(
             admin_port=admin_port or free_port(),
             allowed_identities=["edge-1"],
             backends=backends,
+            workers=workers,
             health=devstack.HealthCheck("/health", interval_s=0.5, timeout_s=0.4)
             if health
             else None,
@@ -333,8 +397,8 @@ def edge_stack(
         procs.stop_all()
 
 
-def wait_healthy(s: Stack, timeout: float = 15) -> None:
+def wait_healthy(s: Stack, timeout: float = 30) -> None:
     try:
-        devstack.wait_healthy(s.admin_port, time.monotonic() + timeout, "edge", s.log)
+        devstack.wait_healthy(s.admin_port, time.monotonic() + scaled(timeout), "edge", s.log)
     except devstack.StackError as exc:
         raise TimeoutError(str(exc)) from None

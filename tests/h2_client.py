@@ -17,6 +17,8 @@ import h2.connection
 import h2.events
 import h2.settings
 
+from tests.conftest import scaled
+
 
 @dataclass
 class H2Response:
@@ -39,8 +41,10 @@ class H2Client:
         *,
         settings: dict[int, int] | None = None,
         auto_window: bool = True,
-        timeout: float = 10.0,
+        timeout: float | None = None,
     ) -> None:
+        """``timeout``: of socket operations (default 10 s, scaled)."""
+        timeout = scaled(10.0) if timeout is None else timeout
         context = ssl.create_default_context(cafile=str(ca))
         context.set_alpn_protocols(["h2"])
         raw = socket.create_connection(("127.0.0.1", port), timeout=timeout)
@@ -56,6 +60,7 @@ class H2Client:
         self.goaway: h2.events.ConnectionTerminated | None = None
         self.closed = False
         self.remote_settings: dict[int, int] = {}
+        self.settings_received = False
         self.flush()
 
     def flush(self) -> None:
@@ -143,10 +148,12 @@ class H2Client:
             self.goaway = event
         elif isinstance(event, h2.events.RemoteSettingsChanged):
             self.remote_settings.update({k: v.new_value for k, v in event.changed_settings.items()})
+            self.settings_received = True
 
-    def wait(self, stream_ids: list[int], timeout: float = 10.0) -> list[H2Response]:
-        """Until every stream ended or was reset (or the connection closed)."""
-        deadline = time.monotonic() + timeout
+    def wait(self, stream_ids: list[int], timeout: float | None = None) -> list[H2Response]:
+        """Until every stream ended or was reset (or the connection closed), or
+        ``timeout`` (default 10 s, scaled) passed."""
+        deadline = time.monotonic() + (scaled(10.0) if timeout is None else timeout)
         while time.monotonic() < deadline and not self.closed:
             if all(
                 self.responses[s].ended or self.responses[s].reset is not None for s in stream_ids
@@ -155,8 +162,19 @@ class H2Client:
             self.receive(0.2)
         return [self.responses[s] for s in stream_ids]
 
-    def wait_goaway(self, timeout: float = 5.0) -> h2.events.ConnectionTerminated | None:
-        deadline = time.monotonic() + timeout
+    def wait_settings(self, timeout: float | None = None) -> dict[int, int]:
+        """The server's SETTINGS, once its first SETTINGS frame arrived (fails
+        after ``timeout``, default 10 s, scaled)."""
+        deadline = time.monotonic() + (scaled(10.0) if timeout is None else timeout)
+        while not self.settings_received and not self.closed and time.monotonic() < deadline:
+            self.receive(0.2)
+        assert self.settings_received, "no SETTINGS from the server"
+        return self.remote_settings
+
+    def wait_goaway(self, timeout: float | None = None) -> h2.events.ConnectionTerminated | None:
+        """The GOAWAY received, or None once the connection closed without one
+        or ``timeout`` (default 5 s, scaled) passed."""
+        deadline = time.monotonic() + (scaled(5.0) if timeout is None else timeout)
         while self.goaway is None and not self.closed and time.monotonic() < deadline:
             self.receive(0.2)
         return self.goaway

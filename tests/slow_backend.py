@@ -7,6 +7,9 @@ the Content-Length body, sleeps ``?ms=`` milliseconds, then by path:
 ``/hang-head`` answers nothing, ``/hang-body`` sends a head and 10 of 100
 octets and goes silent, anything else answers ``ok`` and closes. A connection
 it holds is recorded in ``closed_by_peer`` once the origin gives up on it.
+Every target read is in ``received``; one with ``?hold=1`` waits for the test
+to set ``release`` before it sleeps and answers (held for as long as the test
+needs, not for a time).
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ class SlowBackend:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.closed_by_peer: list[str] = []
+        self.received: list[str] = []
+        self.release = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -74,8 +79,11 @@ class SlowBackend:
                 if b"\r\n\r\n" not in request:
                     return
                 target = request.split(b" ", 2)[1].decode()
-                ms = int(parse_qs(urlsplit(target).query).get("ms", ["0"])[0])
-                time.sleep(ms / 1000)
+                self.received.append(target)
+                query = parse_qs(urlsplit(target).query)
+                if query.get("hold") == ["1"]:
+                    self.release.wait(60)
+                time.sleep(int(query.get("ms", ["0"])[0]) / 1000)
                 if target.startswith("/hang-body"):
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
                 elif not target.startswith("/hang-head"):

@@ -160,6 +160,8 @@ function makeHandler(state) {
         return once(req, res, state);
       case '/slow':
         return slow(req, res, url);
+      case '/gate':
+        return gate(req, res, url, state);
       case '/status':
         return status(res, url);
       default:
@@ -242,6 +244,49 @@ function slow(req, res, url) {
   res.on('close', () => clearTimeout(timer));
 }
 
+function gate(req, res, url, state) {
+  // Holds each request until n requests of its group are held here at once,
+  // then answers them all 200 {"together": n}; one that waits ms first gets
+  // 504 {"together": k, "wanted": n}. A test proves that requests ran
+  // concurrently (or that one was held while something else happened) by
+  // this count, not by a clock. A request whose client goes stops counting.
+  const n = intParam(url, 'n', 1, 10000);
+  if (n === null) return sendText(res, 400, 'n must be an integer 1..10000\n');
+  const ms = intParam(url, 'ms', 0, MAX_SLOW_MS);
+  if (ms === null) return sendText(res, 400, `ms must be an integer 0..${MAX_SLOW_MS}\n`);
+  const group = url.searchParams.get('group') || '';
+  req.resume();
+  let held = state.gates.get(group);
+  if (held === undefined) state.gates.set(group, (held = new Set()));
+  if (held.size + 1 >= n) {
+    state.gates.delete(group);
+    const together = held.size + 1;
+    for (const waiter of held) waiter.release(together);
+    return sendJson(res, 200, { together });
+  }
+  const timer = setTimeout(() => {
+    forget();
+    sendJson(res, 504, { together: held.size + 1, wanted: n });
+  }, ms);
+  const waiter = {
+    release(together) {
+      clearTimeout(timer);
+      sendJson(res, 200, { together });
+    },
+  };
+  function forget() {
+    held.delete(waiter);
+    if (held.size === 0 && state.gates.get(group) === held) state.gates.delete(group);
+  }
+  held.add(waiter);
+  res.on('close', () => {
+    if (!res.writableEnded) {
+      clearTimeout(timer);
+      forget();
+    }
+  });
+}
+
 function status(res, url) {
   const code = intParam(url, 'code', 200, 599);
   if (code === null) return sendText(res, 400, 'code must be an integer 200..599\n');
@@ -279,7 +324,7 @@ function main() {
     console.error(err.message);
     process.exit(2);
   }
-  const state = { port: options.port, once: new Map() };
+  const state = { port: options.port, once: new Map(), gates: new Map() };
   const server = http.createServer(makeHandler(state));
   const wss = attachWebSocketEcho(server);
   const listener = options.proxyProtocol

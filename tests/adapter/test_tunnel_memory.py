@@ -14,6 +14,7 @@ import asyncio
 
 from tests.conftest import PkiFiles, run_async
 from tests.leaks import collector_off, live
+from tests.polling import wait_until_async
 from tests.tunnel_env import connect, dial_config, listener_config
 from tunnel.aio.connection import TunnelConnection
 from tunnel.aio.stream import TunnelStream
@@ -62,9 +63,20 @@ class Client(asyncio.Protocol):
         self.lost.set_result(exc)
 
 
-async def settle() -> None:
-    for _ in range(5):  # callbacks the last frames scheduled (connection_lost...)
-        await asyncio.sleep(0.01)
+async def settle(*counts: tuple[type, int]) -> None:
+    """Until every class in ``counts`` is back to its count: the peer's side
+    of a stream or connection goes when its last frames arrived there, and
+    callbacks those frames scheduled (connection_lost...) have run. Within
+    5 s (scaled): loopback takes milliseconds even on a busy machine, and an
+    object that waits for a timer of its own to go is not freed "at once"."""
+
+    def back() -> bool:
+        return all(live(cls) == count for cls, count in counts)
+
+    def which() -> str:
+        return ", ".join(f"{c.__name__}: {live(c)} (was {n})" for c, n in counts)
+
+    await wait_until_async(back, lambda: f"objects left alive: {which()}", timeout_s=5)
 
 
 async def echo_server(test_pki: PkiFiles) -> tuple[asyncio.Server, list[TunnelConnection]]:
@@ -105,7 +117,7 @@ def test_streams_ended_or_reset_are_freed_at_once(test_pki: PkiFiles) -> None:
                 *(ended(i * 1000 + 1) for i in range(20)),
                 *(reset(ErrorCode.CANCEL if i % 2 else ErrorCode.IDLE) for i in range(20)),
             )
-            await settle()
+            await settle((TunnelStream, streams), (Client, clients), (Echo, echoes))
             assert conn.open_streams == 0
             assert live(TunnelStream) == streams  # the client's and the server's
             assert live(Client) == clients
@@ -130,8 +142,8 @@ def test_closed_tunnel_connections_are_freed_with_their_sessions(test_pki: PkiFi
                 conn.abort()
                 await conn.wait_closed()
                 del conn, client
-            await settle()
             accepted.clear()  # the test's own list of the server's connections
+            await settle((TunnelConnection, connections), (Session, sessions))
             assert live(TunnelConnection) == connections
             assert live(Session) == sessions
         server.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import os
@@ -12,7 +11,8 @@ import ssl
 
 import pytest
 
-from tests.conftest import PkiFiles, run_async
+from tests.conftest import PkiFiles, run_async, scaled
+from tests.polling import wait_until_async
 from tests.tunnel_env import (
     connect,
     dial_config,
@@ -88,26 +88,25 @@ def test_stalled_reader_does_not_slow_siblings_and_stays_bounded(test_pki: PkiFi
         bulk = open_io(conn)
         bulk.transport.pause_reading()  # type: ignore[union-attr]  # the reader stops
         bulk.write(b"bulk")
-        await asyncio.sleep(0.3)
+        recv_window = bulk.transport._connection.session._streams[1].recv_window  # type: ignore[union-attr]
+        # Stalled: the peer sent the whole window (and the reader took none of it).
+        await wait_until_async(lambda: recv_window.received >= window, "the window never filled")
         origin_session = server.connections[0].session
         buffered = origin_session.send_buffered(1)
         # The origin holds at most what it could not send plus one stream high-water mark.
         assert buffered <= 64 * 65536 - window
-        in_flight = bulk.transport._connection.session._streams[1].recv_window.received  # type: ignore[union-attr]
-        assert in_flight <= window, "peer sent more than the window"
+        assert recv_window.received == window, "peer sent more than the window"
         assert not bulk_sent.is_set()
 
+        # Its siblings carry on: 50 round trips while it stays stalled. (How
+        # fast they go beside a busy stream is a benchmark's figure: make
+        # bench-tunnel's small_p99_under_bulk_ms.)
         ping = open_io(conn)
         ping.write(b"echo")
-        samples = []
         for _ in range(50):
-            t0 = asyncio.get_running_loop().time()
             ping.write(b"p" * 1000)
-            got = await ping.readexactly(1000)
-            samples.append(asyncio.get_running_loop().time() - t0)
-            assert got == b"p" * 1000
-        samples.sort()
-        assert samples[len(samples) // 2] < 0.05, samples
+            assert await ping.readexactly(1000) == b"p" * 1000
+        assert recv_window.received == window and not bulk_sent.is_set()
         bulk.transport.resume_reading()  # type: ignore[union-attr]
         received = 0
         while received < 64 * 65536:
@@ -277,8 +276,11 @@ def test_credit_returned_by_a_resuming_reader_goes_out_at_once(test_pki: PkiFile
         initial_stream_window_bytes=window,
         min_stream_window_bytes=window,
         max_stream_window_bytes=window,
-        ping_interval_s=5.0,
-        ping_timeout_s=30.0,
+        # No ping for the test's length: credit that waited for a timer tick
+        # (a ping's write) would stall the transfer, and the test would fail by
+        # its deadline instead of passing by a stopwatch.
+        ping_interval_s=600.0,
+        ping_timeout_s=1200.0,
     )
     total = 8 * 1024 * 1024
 
@@ -301,15 +303,11 @@ def test_credit_returned_by_a_resuming_reader_goes_out_at_once(test_pki: PkiFile
         io = holder[0]
         io.write(b"x")
         received = 0
-        started = asyncio.get_running_loop().time()
         while chunk := await io.read(4096):  # small reads: credit returns from read()
             received += len(chunk)
             if received % (256 * 1024) < 4096:
                 await asyncio.sleep(0.01)  # the reader lags: the whole window fills
-        elapsed = asyncio.get_running_loop().time() - started
-        assert received == total
-        # 32 pauses of 10 ms; a timer-paced credit return (5 s pings) takes minutes.
-        assert elapsed < 5.0, elapsed
+        assert received == total  # 128 windows: each one's credit went out from read()
         conn.abort()
         await server.close()
 
@@ -317,19 +315,30 @@ def test_credit_returned_by_a_resuming_reader_goes_out_at_once(test_pki: PkiFile
 
 
 def test_drain_survives_a_cancelled_wait(test_pki: PkiFiles) -> None:
-    async def slow_reader(io: StreamIO) -> None:
-        await asyncio.sleep(0.5)
+    reading = asyncio.Event()
+
+    async def held_reader(io: StreamIO) -> None:
+        await reading.wait()  # reads nothing until the first wait was cancelled
         await io.read_all()
 
+    # Windows that do not grow: this test is about the drain. (A stream opened
+    # while the peer's SETTINGS raising INITIAL_STREAM_WINDOW is in flight gets
+    # no credit after its first window, a bug of its own; a slow RTT sample on
+    # a busy machine raises the window, and this test hung on it.)
+    fixed = SessionConfig(min_stream_window_bytes=256 * 1024, max_stream_window_bytes=256 * 1024)
+
     async def main() -> None:
-        server = await start_server(listener_config(test_pki, 0), slow_reader)
-        conn = await connect(dial_config(test_pki, server.port))
+        server = await start_server(listener_config(test_pki, 0), held_reader, fixed)
+        conn = await connect(dial_config(test_pki, server.port), fixed)
         io = open_io(conn)
         for _ in range(64):
-            io.write(b"w" * 65536)  # far above the stream's high-water mark
-        with contextlib.suppress(TimeoutError):
+            io.write(b"w" * 65536)  # far above the stream's window and high-water mark
+        # Nothing is read, so this wait cannot end but by its timeout: the
+        # cancelled-wait path runs whatever the machine's speed.
+        with pytest.raises(TimeoutError):
             await asyncio.wait_for(io.drain(), 0.01)
-        await asyncio.wait_for(io.drain(), 10)  # must not raise CancelledError
+        reading.set()
+        await asyncio.wait_for(io.drain(), scaled(10))  # must not raise CancelledError
         io.write_eof()
         conn.abort()
         await server.close()

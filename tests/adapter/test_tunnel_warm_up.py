@@ -5,10 +5,8 @@ meanwhile; on a short link with the default rate nothing is sent."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-
-from tests.conftest import PkiFiles, run_async, scaled
+from tests.conftest import PkiFiles, run_async
+from tests.polling import wait_until_async
 from tests.tunnel_env import connect, dial_config, listener_config, open_io, start_server
 from tunnel.aio.stream import StreamIO
 from tunnel.aio.warmup import tcp_facts, warm_up_target
@@ -36,12 +34,16 @@ def test_both_directions_warm_to_the_target_and_streams_still_work(
             io = open_io(edge)  # a stream while the padding flows
             io.write(b"during warm-up")
             assert await io.read_all() == b"during warm-up"
-            deadline = time.monotonic() + scaled(10.0)
-            while time.monotonic() < deadline:
-                warm = [c.warm_up for c in (edge, *server.connections)]
-                if all(w is not None and not w.active for w in warm):
-                    break
-                await asyncio.sleep(0.05)
+            await wait_until_async(
+                lambda: (
+                    server.connections
+                    and all(
+                        c.warm_up is not None and not c.warm_up.active
+                        for c in (edge, *server.connections)
+                    )
+                ),
+                "the warm-up did not end",
+            )
             for connection in (edge, *server.connections):
                 warm_up = connection.warm_up
                 assert warm_up is not None and not warm_up.active
@@ -67,10 +69,21 @@ def test_a_short_link_is_not_padded(test_pki: PkiFiles) -> None:
         server = await start_server(listener_config(test_pki, 0), echo)
         try:
             edge = await connect(dial_config(test_pki, server.port))
-            await asyncio.sleep(0.1)
+            # Each side decides once, as its session is established: wait for
+            # both decisions (the path ran), then check that they were "no".
+            await wait_until_async(
+                lambda: (
+                    len(server.connections) == 1
+                    and all(c.warm_up is not None for c in (edge, *server.connections))
+                ),
+                "a side never decided about warming up",
+            )
             for connection in (edge, *server.connections):
-                assert connection.warm_up is not None
-                assert connection.warm_up.sent == 0 and not connection.warm_up.active
+                warm_up = connection.warm_up
+                assert warm_up is not None
+                facts = tcp_facts(connection.get_extra_info("socket"))
+                assert facts is not None and facts[0] * facts[2] >= warm_up.target  # short
+                assert warm_up.sent == 0 and not warm_up.active  # so nothing, and no tick
             edge.abort("test over")
         finally:
             await server.close()

@@ -33,6 +33,7 @@ from origin.config import (
 )
 from origin.daemon import OriginDaemon
 from tests.conftest import PkiFiles, scaled
+from tests.polling import wait_until_async
 from tests.tunnel_env import free_port, listener_config, open_io
 from tunnel.aio.connection import TunnelConnection
 from tunnel.mux import SessionConfig
@@ -77,7 +78,7 @@ class NodeBackend:
                 stderr=log,
             )
         assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], scaled(10.0))
+        ready, _, _ = select.select([self.process.stdout], [], [], scaled(30.0))
         line = self.process.stdout.readline().decode() if ready else ""
         if line.strip() != f"listening on {self.port}":
             self.kill()
@@ -209,7 +210,7 @@ class OriginProcess:
                 out.append(json.loads(line))
         return out
 
-    async def wait_ready(self, timeout: float = 15.0) -> None:
+    async def wait_ready(self, timeout: float = 30.0) -> None:
         """Until /healthz answers 200 (workers up, a backend usable)."""
         deadline = time.monotonic() + scaled(timeout)
         while time.monotonic() < deadline:
@@ -256,7 +257,7 @@ async def origin_in_process(config: OriginConfig) -> Any:
 
 
 async def admin_request(method: str, url: str) -> tuple[int, Any]:
-    timeout = aiohttp.ClientTimeout(total=scaled(5.0))
+    timeout = aiohttp.ClientTimeout(total=scaled(10.0))
     async with (
         aiohttp.ClientSession(timeout=timeout) as session,
         session.request(method, url) as response,
@@ -313,11 +314,11 @@ def metric_values(text: str, name: str) -> dict[str, float]:
     return out
 
 
-def eventually(measure: Callable[[], T], done: Callable[[T], bool], timeout_s: float = 5.0) -> T:
+def eventually(measure: Callable[[], T], done: Callable[[T], bool], timeout_s: float = 15.0) -> T:
     """Measure until ``done`` (a worker publishes its per-stream counts once a
     second, origin.publisher.PUBLISH_INTERVAL_S): the last measurement either way,
     for the caller's assertion to show."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     value = measure()
     while not done(value) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -326,13 +327,52 @@ def eventually(measure: Callable[[], T], done: Callable[[T], bool], timeout_s: f
 
 
 async def metrics_when(
-    config: OriginConfig, name: str, done: Callable[[float], bool], timeout_s: float = 5.0
+    config: OriginConfig, name: str, done: Callable[[float], bool], timeout_s: float = 15.0
 ) -> str:
     """The origin's /metrics once the sum of the family ``name`` satisfies
     ``done`` (per-stream counts are published once a second), or at the deadline."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while True:
         _, text = await admin_request("GET", f"http://{config.admin.address}/metrics")
         if done(sum(metric_values(text, name).values())) or time.monotonic() > deadline:
             return text
         await asyncio.sleep(0.1)
+
+
+# --------------------------------------------------------------------------- held requests
+
+
+def gate(group: str) -> str:
+    """A path Node holds (``/gate``) until :func:`release_gate` opens its group:
+    a request in flight for as long as the test needs, whatever the machine's speed."""
+    return f"/gate?n=2&group={group}&ms={int(scaled(120) * 1000)}"
+
+
+async def release_gate(backends: list[NodeBackend], group: str) -> None:
+    """Answer the request held in ``group`` by sending the second of its group
+    to every backend (the one not holding it answers its own 504 at once)."""
+
+    async def one(backend: NodeBackend) -> None:
+        url = f"http://{backend.address}/gate?n=2&group={group}&ms=200"
+        timeout = aiohttp.ClientTimeout(total=scaled(10.0))
+        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as answer:
+            await answer.read()
+
+    await asyncio.gather(*(one(b) for b in backends))
+
+
+async def streams_started(config: OriginConfig) -> float:
+    """How many streams the origin has put on a backend connection (published
+    once a second)."""
+    _, text = await admin_request("GET", f"http://{config.admin.address}/metrics")
+    return sum(metric_values(str(text), "geoedge_origin_streams_total").values())
+
+
+async def wait_streams_started(config: OriginConfig, above: float) -> None:
+    """Until the origin counts more than ``above`` streams started: a request
+    sent since reached its backend."""
+
+    async def started() -> bool:
+        return await streams_started(config) > above
+
+    await wait_until_async(started, "the request never reached a backend")

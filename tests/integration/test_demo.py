@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import scaled
 from tests.edge_env import ROOT, node_available
 from tests.tunnel_env import free_port
 
@@ -57,7 +58,7 @@ def first_line(demo: subprocess.Popen[str]) -> str:
 
 def survivors(pids: set[int], timeout_s: float = 10.0) -> set[int]:
     """The processes of ``pids`` still alive after up to ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     alive = pids
     while alive and time.monotonic() < deadline:
         alive = {pid for pid in alive if Path(f"/proc/{pid}").exists()}
@@ -110,7 +111,7 @@ def test_a_second_signal_during_the_stop_still_stops_everything() -> None:
             if demo.poll() is None:
                 demo.send_signal(sig)
             time.sleep(0.01)
-        _, stderr = demo.communicate(timeout=30)
+        _, stderr = demo.communicate(timeout=scaled(30))
     alive = survivors(children)
     assert not alive, f"processes left behind: {alive}"
     assert "Traceback" not in stderr, stderr[-2000:]

@@ -20,9 +20,10 @@ from collections.abc import Iterator
 import pytest
 import websockets
 
-from tests.conftest import PkiFiles
-from tests.edge_env import Stack, edge_stack, node_available
+from tests.conftest import PkiFiles, scaled
+from tests.edge_env import Stack, edge_stack, node_available, tcp_established
 from tests.integration.origin_harness import eventually
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed")
 
@@ -43,7 +44,7 @@ def one_request(
         "127.0.0.1",
         stack.https_port,
         context=stack.tls_context(),
-        timeout=10,
+        timeout=scaled(10),
         source_address=(source, 0),
     )
     try:
@@ -55,11 +56,23 @@ def one_request(
 
 
 def reused_total(stack: Stack) -> float:
-    total = 0.0
-    for line in stack.origin_metrics().splitlines():
-        if line.startswith("geoedge_origin_backend_connections_reused_total{"):
-            total += float(line.rpartition(" ")[2])
-    return total
+    return stack.origin_count("geoedge_origin_backend_connections_reused_total")
+
+
+def ended_marker(stack: Stack) -> float:
+    """Grows when a stream ends at the origin (its octets are counted then, in
+    the same call that parks its backend connection or not)."""
+    return stack.origin_count("geoedge_origin_bytes_total", 'direction="to_backend"')
+
+
+def request_and_end(stack: Stack, source: str, **kwargs: bool) -> tuple[int, bytes]:
+    """:func:`one_request`, then wait until its stream ended at the origin: the
+    edge's RESET IDLE goes over either of its two tunnel connections, and the
+    next client's OPEN may take the other one."""
+    before = ended_marker(stack)
+    response, body = one_request(stack, source, **kwargs)
+    wait_until(lambda: ended_marker(stack) > before, "the stream did not end at the origin")
+    return response.status, body
 
 
 def test_short_connections_share_a_backend_connection_with_their_own_client_ip(
@@ -69,14 +82,13 @@ def test_short_connections_share_a_backend_connection_with_their_own_client_ip(
     ports = []
     for i in range(8):
         source = SOURCES[i % 2]
-        response, body = one_request(stack, source, close_header=i < 4)
-        assert response.status == 200
+        status, body = request_and_end(stack, source, close_header=i < 4)
+        assert status == 200
         seen = json.loads(body)
         assert seen["x_forwarded_for"] == source
         assert seen["x_real_ip"] == source
         assert seen["forwarded"].startswith(f"for={source};")
         ports.append(seen["remote_port"])
-        time.sleep(0.05)  # the previous stream's RESET IDLE reaches the origin first
     # One backend connection served (nearly) all eight client connections.
     assert Counter(ports).most_common(1)[0][1] >= 7, ports
     reused = eventually(lambda: reused_total(stack) - before, lambda n: n >= 7)
@@ -102,8 +114,12 @@ def test_a_websocket_stream_does_not_hand_its_connection_on(stack: Stack) -> Non
             assert await ws.recv() == "hello"
 
     for _ in range(3):
+        before = ended_marker(stack)
         asyncio.run(session())
-        time.sleep(0.05)
+        wait_until(
+            lambda b=before: ended_marker(stack) > b,  # type: ignore[misc]
+            "the WebSocket's stream did not end",
+        )
         # Had the upgraded socket been parked, this request would reach Node's
         # WebSocket and never be answered.
         response, body = one_request(stack, "127.0.0.1")
@@ -117,13 +133,17 @@ def test_an_idle_connection_past_its_time_is_not_reused(
     with edge_stack(
         test_pki,
         tmp_path_factory.mktemp("reuse-expiry"),
-        origin_pool_extra="keepalive_timeout_s = 0.3",
+        # Long enough for a second request after the first one's end was seen
+        # (its count is published once a second), short of Node's 5 s.
+        origin_pool_extra="keepalive_timeout_s = 4",
     ) as s:
-        _, first = one_request(s, "127.0.0.1")
-        time.sleep(0.05)
-        _, second = one_request(s, "127.0.0.1")
+        _, first = request_and_end(s, "127.0.0.1")
+        _, second = request_and_end(s, "127.0.0.1")  # parked again when this returns
         assert json.loads(first)["remote_port"] == json.loads(second)["remote_port"]
-        time.sleep(1.2)  # past keepalive_timeout_s, and past a sweep
+        # Past keepalive_timeout_s since it was parked: a lower bound, which
+        # load only lengthens (a take checks the deadline, whether or not a
+        # sweep ran).
+        time.sleep(4.2)
         response, third = one_request(s, "127.0.0.1")
         assert response.status == 200
         assert json.loads(third)["remote_port"] != json.loads(second)["remote_port"]
@@ -137,11 +157,12 @@ def test_reuse_off_opens_a_connection_per_stream(
     ) as s:
         ports = set()
         for _ in range(4):
-            response, body = one_request(s, "127.0.0.1")
-            assert response.status == 200
+            status, body = request_and_end(s, "127.0.0.1")
+            assert status == 200
             ports.add(json.loads(body)["remote_port"])
-            time.sleep(0.05)
         assert len(ports) == 4
+        # A reuse is counted with its stream: once all four are, none was.
+        wait_until(lambda: s.origin_count("geoedge_origin_streams_total") >= 4, "streams counted")
         assert reused_total(s) == 0
 
 
@@ -155,8 +176,12 @@ def test_a_connection_the_backend_closed_while_parked_is_dropped(
         tmp_path_factory.mktemp("reuse-node-closed"),
         origin_pool_extra="keepalive_timeout_s = 30",
     ) as s:
-        _, first = one_request(s, "127.0.0.1")
-        time.sleep(7.0)  # Node closes idle sockets 5-6 s after the response
+        _, first = request_and_end(s, "127.0.0.1")
+        parked = json.loads(first)["remote_port"]
+        # Node closes idle sockets 5-6 s after the response; the origin sees it.
+        wait_until(
+            lambda: not tcp_established(parked, s.node_port), "Node kept the connection open"
+        )
         response, second = one_request(s, "127.0.0.2")
         assert response.status == 200
         seen = json.loads(second)

@@ -25,6 +25,7 @@ import pytest
 from tests.conftest import PkiFiles, scaled
 from tests.edge_env import Stack, edge_stack, node_available
 from tests.h2_client import H2Client, H2Response
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.skipif(not node_available(), reason="npm ci the sample app first")
 
@@ -60,14 +61,14 @@ def still_serving(stack: Stack) -> None:
 
 
 def test_thirty_requests_on_one_connection_run_at_once(stack: Stack) -> None:
-    """A page's 30 resources: HTTP/1.1 gave 6 at a time; here one round."""
+    """A page's 30 resources: HTTP/1.1 gave 6 at a time; here one round. Node
+    holds each request until all 30 are in flight at the backend at once
+    (/gate): in waves, none would be answered before the gate's own limit."""
     c = client(stack)
-    started = time.monotonic()
-    streams = [c.request(f"/slow?ms=400&i={i}") for i in range(30)]
-    responses = c.wait(streams, timeout=scaled(20))
-    elapsed = time.monotonic() - started
-    assert [r.status for r in responses] == [200] * 30
-    assert elapsed < scaled(1.6), elapsed  # 30 x 400 ms in one round, not 5 waves
+    gate = f"/gate?n=30&group=thirty&ms={int(scaled(15) * 1000)}"
+    streams = [c.request(f"{gate}&i={i}") for i in range(30)]
+    responses = c.wait(streams, timeout=scaled(30))
+    assert [(r.status, json.loads(r.data)) for r in responses] == [(200, {"together": 30})] * 30
     c.close()
 
 
@@ -158,8 +159,8 @@ def test_the_request_reaches_node_as_http11_with_the_edges_rules(stack: Stack) -
 def test_a_websocket_over_http2(stack: Stack) -> None:
     """RFC 8441: extended CONNECT, then WebSocket frames in DATA both ways."""
     c = client(stack)
-    c.receive(1.0)  # the server's SETTINGS
-    assert c.remote_settings.get(h2.settings.SettingCodes.ENABLE_CONNECT_PROTOCOL) == 1
+    settings = c.wait_settings()
+    assert settings.get(h2.settings.SettingCodes.ENABLE_CONNECT_PROTOCOL) == 1
     stream = c.conn.get_next_available_stream_id()
     c.conn.send_headers(
         stream,
@@ -312,19 +313,23 @@ def test_a_header_list_above_the_limit_is_refused(stack: Stack) -> None:
 
 def test_too_many_concurrent_streams_are_refused(stack: Stack) -> None:
     c = client(stack)
-    assert c.receive(1.0)
     codes = h2.settings.SettingCodes
-    limit = c.remote_settings.get(codes.MAX_CONCURRENT_STREAMS)
+    limit = c.wait_settings().get(codes.MAX_CONCURRENT_STREAMS)
     assert limit == 100
     # Past the limit the h2 client itself refuses to open: make it forget the limit.
     c.conn.remote_settings[codes.MAX_CONCURRENT_STREAMS] = 1000
     c.conn.remote_settings.acknowledge()
-    streams = [c.request("/slow?ms=1000") for _ in range(limit + 5)]
-    responses = c.wait(streams, timeout=scaled(10))
+    # The first 100 are held at Node (/gate) until the test opens it, so all
+    # of them are open when the last 5 arrive, however slow the machine.
+    gate = f"/gate?n={limit + 1}&group=concurrent&ms={int(scaled(60) * 1000)}"
+    streams = [c.request(gate) for _ in range(limit + 5)]
+    refused = c.wait(streams[limit:], timeout=scaled(20))
     # RFC 9113 §5.1.2: each one past the limit a stream error, REFUSED_STREAM
     # (safe to send again); the connection and the streams within it go on.
-    assert [r.reset for r in responses[limit:]] == [h2.errors.ErrorCodes.REFUSED_STREAM] * 5
-    assert [r.status for r in responses[:limit]] == [200] * limit
+    assert [r.reset for r in refused] == [h2.errors.ErrorCodes.REFUSED_STREAM] * 5
+    stack.answer_gate(gate)  # (held itself until all 100 are at Node)
+    responses = c.wait(streams[:limit], timeout=scaled(20))
+    assert [r.status for r in responses] == [200] * limit
     assert c.goaway is None and not c.closed
     c.close()
     still_serving(stack)
@@ -349,17 +354,27 @@ def test_drain_sends_goaway_and_finishes_open_streams(test_pki: PkiFiles, tmp_pa
     """SIGTERM: GOAWAY(NO_ERROR) to the client, the stream open finishes. (curl,
     on nghttp2: the h2 library's own client state machine refuses frames after
     a GOAWAY it received, which a server may still send.)"""
+    gate = f"/gate?n=2&group=drain&ms={int(scaled(30) * 1000)}"
     with edge_stack(test_pki, tmp_path) as s:
         argv = [
             "curl", "-sS", "--http2", "--cacert", str(test_pki.ca), "-v",
             "--resolve", f"localhost:{s.https_port}:127.0.0.1",
-            f"https://localhost:{s.https_port}/slow?ms=1500",
+            f"https://localhost:{s.https_port}{gate}",
         ]  # fmt: skip
+        witness = client(s)  # an idle connection: its GOAWAY shows the drain began
+        streams = s.origin_count("geoedge_origin_streams_total")
         curl = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        time.sleep(0.6)
+        wait_until(
+            lambda: s.origin_count("geoedge_origin_streams_total") > streams,
+            "curl's request did not reach Node",
+        )  # held there (/gate) until the drain has begun
         s.edge.send_signal(signal.SIGTERM)
+        witness.wait_goaway(scaled(15))
+        assert witness.goaway is not None or witness.closed, "no drain began"
+        witness.close()
+        s.answer_gate(gate)  # the second of the group: both are answered
         out, err = curl.communicate(timeout=scaled(15))
         assert curl.returncode == 0, err[-2000:]
-        assert out == b"slept 1500 ms\n"
+        assert json.loads(out) == {"together": 2}
         assert b"HTTP/2 200" in err
         assert s.edge.wait(scaled(15)) == 0

@@ -13,7 +13,6 @@ import ssl
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509 import ocsp
 
 from geoedge import pki
-from tests.conftest import PkiFiles
+from tests.conftest import PkiFiles, scaled
 from tests.edge_env import Stack, edge_stack, node_available
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed")
 
@@ -56,17 +56,39 @@ def _close(tls: ssl.SSLSocket, how: str) -> None:
         tls.close()
 
 
+#: One connection per client address: the edge admits the next handshake only
+#: once it has closed the previous connection, whose end (a reset, a FIN) could
+#: have evicted the session. A refused attempt is closed before any TLS.
+ONE_AT_A_TIME = """
+[admission]
+max_connections_per_client_ip = 1
+"""
+
+
+def _handshake_once_admitted(
+    stack: Stack, context: ssl.SSLContext, session: ssl.SSLSession | None
+) -> ssl.SSLSocket:
+    def attempt() -> ssl.SSLSocket | None:
+        raw = socket.create_connection(("127.0.0.1", stack.https_port), timeout=scaled(10))
+        try:
+            return context.wrap_socket(raw, server_hostname="localhost", session=session)
+        except (ssl.SSLError, OSError):
+            raw.close()
+            return None  # refused: the previous connection is still open at the edge
+
+    return wait_until(attempt, "the edge did not close the previous connection", interval_s=0.01)
+
+
 @pytest.mark.parametrize("how", ["close_notify", "fin", "rst"])
 def test_tls12_session_id_resumes_however_the_client_closes(
     test_pki: PkiFiles, tmp_path: Path, how: str
 ) -> None:
-    with edge_stack(test_pki, tmp_path) as stack:
+    with edge_stack(test_pki, tmp_path, extra_top=ONE_AT_A_TIME) as stack:
         context = _tls12_session_id_client(stack)
         session = None
         resumed = 0
         for _ in range(11):
-            raw = socket.create_connection(("127.0.0.1", stack.https_port), timeout=5)
-            tls = context.wrap_socket(raw, server_hostname="localhost", session=session)
+            tls = _handshake_once_admitted(stack, context, session)
             assert tls.version() == "TLSv1.2"
             _one_request(tls)
             if session is None:
@@ -74,7 +96,6 @@ def test_tls12_session_id_resumes_however_the_client_closes(
             else:
                 resumed += tls.session_reused
             _close(tls, how)
-            time.sleep(0.05)  # the edge has seen the close before the next handshake
         assert resumed == 10, f"{resumed}/10 resumed after a {how} close"
 
 
@@ -360,17 +381,16 @@ key = "{other.key}"
         )
         fresh.replace(ecdsa_ocsp)
         stack.edge.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 10
-        while stapled(port, test_pki.ca) != f"revoked {serial(ecdsa.cert)}":
-            assert time.monotonic() < deadline, "SIGHUP did not refresh the OCSP response"
-            time.sleep(0.2)
+        wait_until(
+            lambda: stapled(port, test_pki.ca) == f"revoked {serial(ecdsa.cert)}",
+            "SIGHUP did not refresh the OCSP response",
+        )
 
         # A file that is not an OCSP response: one line naming it, the old staple stays.
         ecdsa_ocsp.write_bytes(b"not an OCSP response")
         stack.edge.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 10
-        while str(ecdsa_ocsp) not in stack.log.read_text():
-            assert time.monotonic() < deadline, "the bad OCSP file was not reported"
-            time.sleep(0.2)
+        wait_until(
+            lambda: str(ecdsa_ocsp) in stack.log.read_text(), "the bad OCSP file was not reported"
+        )
         assert stapled(port, test_pki.ca) == f"revoked {serial(ecdsa.cert)}"
         assert "Traceback" not in stack.log.read_text()

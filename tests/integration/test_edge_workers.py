@@ -6,14 +6,15 @@ import http.client
 import json
 import signal
 import socket
+import ssl
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import PkiFiles
+from tests.conftest import PkiFiles, scaled
 from tests.edge_env import edge_stack, node_available
+from tests.polling import wait_for, wait_until
 
 pytestmark = pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed")
 
@@ -24,7 +25,7 @@ def test_sessions_resume_across_workers_and_are_counted(test_pki: PkiFiles, tmp_
         session = None
         resumed = 0
         for i in range(40):
-            raw = socket.create_connection(("127.0.0.1", stack.https_port), timeout=5)
+            raw = socket.create_connection(("127.0.0.1", stack.https_port), timeout=scaled(10))
             tls = context.wrap_socket(raw, server_hostname="localhost", session=session)
             tls.sendall(
                 f"GET /?i={i} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode()
@@ -35,47 +36,73 @@ def test_sessions_resume_across_workers_and_are_counted(test_pki: PkiFiles, tmp_
             session = tls.session if session is None else session
             tls.close()
         assert resumed == 39, "every connection after the first should resume"
-        workers: set[int] = set()
-        deadline = time.monotonic() + 5  # access-log lines are written within a second
-        while len(workers) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
+
+        def access_workers() -> set[int]:  # access-log lines are written within a second
             access = [
                 json.loads(line)
                 for line in stack.log.read_text().splitlines()
                 if line.startswith('{"ts"')
             ]
-            workers = {e["worker"] for e in access if (e["path"] or "").startswith("/?i=")}
+            return {e["worker"] for e in access if (e["path"] or "").startswith("/?i=")}
+
+        workers = wait_for(access_workers, lambda w: len(w) == 2, "not both workers served")
         assert len(workers) == 2, f"all connections went to one worker: {workers}"
-        counted = 0.0
-        deadline = time.monotonic() + 5  # workers publish their counts every second
-        while counted < 39 and time.monotonic() < deadline:
-            time.sleep(0.2)
-            counted = sum(
-                float(line.rsplit(" ", 1)[1])
-                for line in stack.metrics().splitlines()
-                if line.startswith("geoedge_edge_tls_handshakes_total") and 'resumed="yes"' in line
-            )
-        assert counted >= 39
+        counted = wait_for(  # workers publish their counts every second
+            lambda: stack.edge_count("geoedge_edge_tls_handshakes_total", 'resumed="yes"'),
+            lambda n: n >= 39,
+            "resumptions not counted",
+        )
+        assert counted == 39
+
+
+def closed_by_the_edge(tls: ssl.SSLSocket) -> bool:
+    """The edge closed this idle keep-alive connection (a draining worker does)."""
+    tls.settimeout(0.01)
+    try:
+        return tls.recv(1) == b""
+    except TimeoutError:
+        return False
+    except (ssl.SSLError, OSError):
+        return True
 
 
 def test_sigterm_drains_in_flight_requests(test_pki: PkiFiles, tmp_path: Path) -> None:
+    """The request is held at Node (/gate) from before the SIGTERM until both
+    workers are seen draining (each closes its idle connections: eight idle
+    witnesses, spread over the two by the kernel), then answered."""
+    gate = f"/gate?n=2&group=drain&ms={int(scaled(60) * 1000)}"
     with edge_stack(test_pki, tmp_path, workers=2) as stack:
         result: dict[str, object] = {}
 
         def slow_request() -> None:
-            conn = stack.https(timeout=20)
-            conn.request("GET", "/slow?ms=1500")
+            conn = stack.https(timeout=60)
+            conn.request("GET", gate)
             response = conn.getresponse()
             result["status"] = response.status
             result["body"] = response.read()
 
+        witnesses = []
+        for _ in range(8):
+            raw = socket.create_connection(("127.0.0.1", stack.https_port), scaled(10))
+            witnesses.append(stack.tls_context().wrap_socket(raw, server_hostname="localhost"))
+            witnesses[-1].sendall(b"GET /ip HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert witnesses[-1].recv(65536).startswith(b"HTTP/1.1 200")  # now idle
+        streams = stack.origin_count("geoedge_origin_streams_total")
         thread = threading.Thread(target=slow_request)
         thread.start()
-        time.sleep(0.5)
+        wait_until(
+            lambda: stack.origin_count("geoedge_origin_streams_total") > streams,
+            "the request never reached Node",
+        )
         stack.edge.send_signal(signal.SIGTERM)
-        thread.join(20)
+        wait_until(lambda: all(closed_by_the_edge(w) for w in witnesses), "no drain began")
+        for witness in witnesses:
+            witness.close()
+        stack.answer_gate(gate)  # the second of the group: the held one is answered
+        thread.join(scaled(30))
         assert result.get("status") == 200, result
-        stack.edge.wait(20)
+        assert json.loads(result["body"]) == {"together": 2}  # type: ignore[arg-type]
+        stack.edge.wait(scaled(30))
         assert stack.edge.returncode == 0
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", stack.https_port), timeout=2)

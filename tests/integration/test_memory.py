@@ -33,12 +33,11 @@ from edge.tls_transport import TlsServerTransport
 from loadtests.soak_clients import Outcomes, Target, WebSocketBatch, run_short_mix
 from origin.forward import BackendProtocol, Splice
 from tests.conftest import PkiFiles, run_async, scaled
-from tests.edge_env import Stack, edge_stack, node_available
+from tests.edge_env import Stack, edge_stack, node_available, tcp_connections_to
 from tests.h2_client import H2Client
 from tests.integration.origin_harness import (
     CLIENT,
     SERVER,
-    metric_values,
     needs_node,
     node_backends,
     origin_config,
@@ -46,6 +45,7 @@ from tests.integration.origin_harness import (
     pool,
 )
 from tests.leaks import collector_off, live
+from tests.polling import wait_until, wait_until_async
 from tests.tunnel_env import connect, dial_config, free_port, open_io
 from tunnel.aio.errors import StreamResetError
 from tunnel.mux import ErrorCode
@@ -141,9 +141,10 @@ def test_tls_connections_are_freed_however_they_end(test_pki: PkiFiles) -> None:
             assert len(holders) == 50 and len(opened) == 30  # 20 never got past TLS
             await asyncio.wait_for(asyncio.gather(*(h.lost for h in opened)), 10)
             del holders[:], opened
-            await settle(0.5)  # the lingering closes
-            assert live(TlsServerTransport) == transports
-            assert live(Holder) == before
+            await wait_until_async(  # the lingering closes
+                lambda: live(TlsServerTransport) == transports and live(Holder) == before,
+                lambda: f"alive: {live(TlsServerTransport)} transports, {live(Holder)} protocols",
+            )
         listener.close()
         sock.close()
 
@@ -213,9 +214,10 @@ def test_origin_splices_are_freed_however_their_stream_ends(
                             reset_in_flight(),
                             no_backend(),
                         )
-                    await settle(1.5)  # parked connections expire after 0.3 s
-                    assert live(Splice) == splices
-                    assert live(BackendProtocol) == backends
+                    await wait_until_async(  # parked connections expire after 0.3 s
+                        lambda: live(Splice) == splices and live(BackendProtocol) == backends,
+                        lambda: f"alive: {live(Splice)} splices, {live(BackendProtocol)} backends",
+                    )
                 connection.abort()
 
         run_async(main(), 60)
@@ -271,15 +273,18 @@ def h2_load(stack: Stack, connections: int, streams: int) -> int:
 
 
 def wait_idle(stack: Stack) -> None:
-    """Until the edge has no client connection and the origin no stream open."""
-    deadline = time.monotonic() + scaled(30)
-    while time.monotonic() < deadline:
-        edge = metric_values(stack.metrics(), "geoedge_edge_connections_open")
-        origin = metric_values(stack.origin_metrics(), "geoedge_origin_streams_active")
-        if sum(edge.values()) == 0 and sum(origin.values()) == 0:
-            return
-        time.sleep(0.2)
-    raise AssertionError("connections still open")
+    """Until the edge has no client connection, the origin no stream open and
+    no backend connection (parked ones expire after keepalive_timeout_s, 3 s):
+    the census then counts only what outlived its connection."""
+    wait_until(
+        lambda: (
+            stack.edge_count("geoedge_edge_connections_open") == 0
+            and stack.origin_count("geoedge_origin_streams_active") == 0
+            and tcp_connections_to(stack.node_port) == 0
+        ),
+        "connections still open",
+        timeout_s=60,
+    )
 
 
 @with_node
@@ -299,7 +304,6 @@ def test_the_daemons_free_every_connection_they_served(test_pki: PkiFiles, tmp_p
 
         run_async(load(20, 20), 60)  # warm-up: first-use caches, pools
         assert h2_load(stack, 4, 5) == 4 * 5 - 2
-        time.sleep(4)  # parked backend connections expire (keepalive_timeout_s 3 s)
         wait_idle(stack)
         edge_before, _ = memory_report(stack, stack.log, stack.edge.pid)
         origin_before, _ = memory_report(stack, stack.origin_log, stack.origin.pid)
@@ -309,7 +313,6 @@ def test_the_daemons_free_every_connection_they_served(test_pki: PkiFiles, tmp_p
         assert outcomes.total_failed == 0, outcomes.errors
         assert outcomes.ok["ws_echo"] == 320 and outcomes.ok["large_then_vanish"] == 32
         wait_idle(stack)
-        time.sleep(4)
         edge_after, edge_unreachable = memory_report(stack, stack.log, stack.edge.pid)
         origin_after, origin_unreachable = memory_report(stack, stack.origin_log, stack.origin.pid)
 

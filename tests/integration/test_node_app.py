@@ -8,6 +8,7 @@ node_modules (``make node`` runs ``npm ci``) are missing.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import http.client
 import json
@@ -27,11 +28,14 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from tests.conftest import scaled
+from tests.polling import wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 APP_DIR = ROOT / "deploy" / "node-app"
 NODE = shutil.which("node")
-START_TIMEOUT_S = 10.0
-IO_TIMEOUT_S = 5.0
+START_TIMEOUT_S = scaled(10.0)
+IO_TIMEOUT_S = scaled(5.0)
 LARGE_BYTES = 786432
 IP_KEYS = {
     "remote_address",
@@ -304,8 +308,35 @@ def test_slow_waits_the_requested_time(app: NodeApp) -> None:
     response, body = request(app, "GET", "/slow?ms=300")
     elapsed = time.monotonic() - start
     assert response.status == 200 and body == b"slept 300 ms\n"
-    assert 0.29 <= elapsed < 0.3 + IO_TIMEOUT_S
+    # A lower bound only (a timer never fires early; a busy machine makes it later).
+    assert elapsed >= 0.29
     bad, _ = request(app, "GET", "/slow?ms=soon")
+    assert bad.status == 400
+
+
+def test_gate_answers_a_group_once_all_of_it_is_held_at_once(app: NodeApp) -> None:
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        held = [pool.submit(request, app, "GET", "/gate?n=3&group=a&ms=60000") for _ in range(2)]
+        # Another group neither counts toward this one nor opens it.
+        other, body = request(app, "GET", "/gate?n=2&group=b&ms=50")
+        assert (other.status, json.loads(body)) == (504, {"together": 1, "wanted": 2})
+        assert not any(f.done() for f in held)  # the two are held (the "b" request ran)
+        last, body = request(app, "GET", "/gate?n=3&group=a&ms=60000")
+        answers = [(r.status, json.loads(b)) for r, b in [f.result() for f in held]]
+    assert (last.status, json.loads(body)) == (200, {"together": 3})
+    assert answers == [(200, {"together": 3})] * 2
+
+    # A client that leaves stops counting. (A probe that cannot open the gate
+    # reports how many are held.)
+    def held_in_c() -> int:
+        _, body = request(app, "GET", "/gate?n=1000&group=c&ms=1")
+        return int(json.loads(body)["together"]) - 1
+
+    with socket.create_connection(("127.0.0.1", app.port), timeout=IO_TIMEOUT_S) as gone:
+        gone.sendall(b"GET /gate?n=1000&group=c&ms=60000 HTTP/1.1\r\nHost: x\r\n\r\n")
+        wait_until(lambda: held_in_c() == 1, "the request is held")
+    wait_until(lambda: held_in_c() == 0, "the request whose client left still counts")
+    bad, _ = request(app, "GET", "/gate?n=0&ms=1")
     assert bad.status == 400
 
 
@@ -550,11 +581,9 @@ def test_sigterm_exits_cleanly_with_clients_connected(tmp_path: Path) -> None:
     try:
         idle.request("GET", "/health")
         idle.getresponse().read()  # now an idle keep-alive connection
-        begin = time.monotonic()
         started.process.send_signal(signal.SIGTERM)
         status = started.process.wait(IO_TIMEOUT_S)
         assert status == 0
-        assert time.monotonic() - begin < 3.0
     finally:
         idle.close()
         started.stop()

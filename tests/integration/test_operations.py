@@ -34,6 +34,7 @@ from tests.edge_env import (
     write_edge_config,
     write_origin_config,
 )
+from tests.polling import wait_for, wait_until
 from tests.tunnel_env import free_port
 
 pytestmark = pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed")
@@ -49,7 +50,7 @@ def healthz_answer(port: int) -> tuple[int, bool | None] | None:
     """``GET /healthz``: its status and the body's ``draining``; None when
     nothing answers."""
     try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=scaled(5))
         conn.request("GET", "/healthz")
         response = conn.getresponse()
         return response.status, json.loads(response.read()).get("draining")
@@ -57,31 +58,55 @@ def healthz_answer(port: int) -> tuple[int, bool | None] | None:
         return None
 
 
+#: Held at Node until the test answers it: in flight for as long as it takes.
+HELD = f"/gate?n=2&group=drain&ms={int(scaled(60) * 1000)}"
+
+
 def statuses_during_drain(
-    process: subprocess.Popen[bytes], admin_port: int
+    process: subprocess.Popen[bytes], admin_port: int, stack: Stack
 ) -> list[tuple[int, bool | None]]:
-    """SIGTERM ``process``, then poll its ``/healthz`` until the admin goes away."""
+    """SIGTERM ``process`` while a request is held at Node; its ``/healthz``
+    from the first answer that is not 200 (the signal was handled), five
+    answers while the request is still held, then, with the request released,
+    until the admin goes away."""
     process.send_signal(signal.SIGTERM)
-    time.sleep(0.3)  # the signal has been handled
-    seen: list[tuple[int, bool | None]] = []
-    deadline = time.monotonic() + scaled(15)
+    seen = [
+        wait_for(
+            lambda: healthz_answer(admin_port),
+            lambda answer: answer is not None and answer[0] != 200,
+            "healthz stayed 200",
+        )
+    ]
+    while len(seen) < 5:  # the drain cannot end: the request is held
+        answer = healthz_answer(admin_port)
+        assert answer is not None, "the admin went away with a request in flight"
+        seen.append(answer)
+        time.sleep(0.1)
+    stack.answer_gate(HELD)  # the held request is released
+    deadline = time.monotonic() + scaled(30)
     while time.monotonic() < deadline and (answer := healthz_answer(admin_port)) is not None:
         seen.append(answer)
         time.sleep(0.1)
     return seen
 
 
-def slow_request(stack: Stack, ms: int, result: dict[str, object]) -> threading.Thread:
+def held_request(stack: Stack, result: dict[str, object]) -> threading.Thread:
+    """A request held at Node (:data:`HELD`), once it got there."""
+
     def run() -> None:
-        conn = stack.https(timeout=20)
-        conn.request("GET", f"/slow?ms={ms}")
+        conn = stack.https(timeout=60)
+        conn.request("GET", HELD)
         response = conn.getresponse()
         result["status"] = response.status
         response.read()
 
+    streams = stack.origin_count("geoedge_origin_streams_total")
     thread = threading.Thread(target=run)
     thread.start()
-    time.sleep(0.3)  # in flight
+    wait_until(
+        lambda: stack.origin_count("geoedge_origin_streams_total") > streams,
+        "the request never reached Node",
+    )
     return thread
 
 
@@ -89,9 +114,9 @@ def test_edge_healthz_is_503_from_the_start_of_a_drain(test_pki: PkiFiles, tmp_p
     with edge_stack(test_pki, tmp_path) as stack:
         assert healthz(stack.admin_port) == 200
         result: dict[str, object] = {}
-        thread = slow_request(stack, 2500, result)
-        seen = statuses_during_drain(stack.edge, stack.admin_port)
-        thread.join(20)
+        thread = held_request(stack, result)
+        seen = statuses_during_drain(stack.edge, stack.admin_port, stack)
+        thread.join(scaled(30))
         assert result.get("status") == 200  # the drain let it finish
         assert len(seen) >= 5, seen  # the drain lasted while the request ran
         assert set(seen) == {(503, True)}, seen
@@ -102,14 +127,11 @@ def test_origin_healthz_is_503_from_the_start_of_a_drain(
 ) -> None:
     with edge_stack(test_pki, tmp_path) as stack:
         assert stack.origin is not None
-        deadline = time.monotonic() + scaled(10)
-        while healthz(stack.origin_admin_port) != 200:
-            assert time.monotonic() < deadline, "origin never healthy"
-            time.sleep(0.1)
+        wait_until(lambda: healthz(stack.origin_admin_port) == 200, "origin never healthy")
         result: dict[str, object] = {}
-        thread = slow_request(stack, 2500, result)
-        seen = statuses_during_drain(stack.origin, stack.origin_admin_port)
-        thread.join(20)
+        thread = held_request(stack, result)
+        seen = statuses_during_drain(stack.origin, stack.origin_admin_port, stack)
+        thread.join(scaled(30))
         assert result.get("status") == 200
         assert len(seen) >= 5, seen
         assert set(seen) == {(503, True)}, seen
@@ -153,13 +175,6 @@ def replace_certificate(test_pki: PkiFiles, directory: Path, cert: Path) -> int:
     return x509.load_pem_x509_certificate(cert.read_bytes()).serial_number
 
 
-def wait_for(condition: object, what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + scaled(timeout)
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
-
-
 def test_a_worker_restarted_after_a_reload_serves_the_current_certificate(
     test_pki: PkiFiles, tmp_path: Path
 ) -> None:
@@ -167,15 +182,15 @@ def test_a_worker_restarted_after_a_reload_serves_the_current_certificate(
         port, ca = stack.https_port, test_pki.ca
         new = replace_certificate(test_pki, tmp_path / "new", cert)
         stack.edge.send_signal(signal.SIGHUP)  # a reload: new workers with the new files
-        wait_for(lambda: served_serial(port, ca, "swap.test") == new, "SIGHUP did not swap", 60)
-        wait_for(lambda: len(worker_pids(stack.edge.pid)) == 1, "the old worker stayed", 60)
+        wait_until(lambda: served_serial(port, ca, "swap.test") == new, "SIGHUP did not swap")
+        wait_until(lambda: len(worker_pids(stack.edge.pid)) == 1, "the old worker stayed")
         [old_worker] = worker_pids(stack.edge.pid)
         os.kill(old_worker, signal.SIGKILL)
-        wait_for(
+        wait_until(
             lambda: worker_pids(stack.edge.pid) - {old_worker, 0},
             "the supervisor did not restart the worker",
         )
-        wait_for(lambda: healthz(stack.admin_port) == 200, "the new worker has no tunnel")
+        wait_until(lambda: healthz(stack.admin_port) == 200, "the new worker has no tunnel")
         assert served_serial(port, ca, "swap.test") == new
 
 
@@ -188,18 +203,18 @@ def test_a_malformed_certificate_on_sighup_is_one_log_line(
         good = cert.read_bytes()
         cert.write_text("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
         stack.edge.send_signal(signal.SIGHUP)  # refused by the reload's check
-        wait_for(
-            lambda: str(cert) in stack.log.read_text(), "the bad certificate was not logged", 60
-        )
-        time.sleep(1)  # any worker that would log it too has done so by now
-        log = stack.log.read_text()
-        assert len([line for line in log.splitlines() if str(cert) in line]) == 1, log[-2000:]
-        assert "Traceback" not in log
+        wait_until(lambda: str(cert) in stack.log.read_text(), "the bad certificate was not logged")
         assert served_serial(port, ca, "swap.test") == before  # the old one stays
         cert.write_bytes(good)
         new = replace_certificate(test_pki, tmp_path / "new", cert)
         stack.edge.send_signal(signal.SIGHUP)
-        wait_for(lambda: served_serial(port, ca, "swap.test") == new, "the next reload failed", 60)
+        wait_until(lambda: served_serial(port, ca, "swap.test") == new, "the next reload failed")
+        # That reload is done (its new worker serves, the old one is gone): a
+        # worker started for the refused one would have logged the file by now.
+        wait_until(lambda: len(worker_pids(stack.edge.pid)) == 1, "the old worker stayed")
+        log = stack.log.read_text()
+        assert len([line for line in log.splitlines() if str(cert) in line]) == 1, log[-2000:]
+        assert "Traceback" not in log
 
 
 # -- --check and start-up -----------------------------------------------------------------

@@ -1,12 +1,10 @@
 """The origin daemon (``python -m origin``, 2 worker processes, mutual TLS) in front
 of real Node.js backends: even load, drain through the admin API, the metrics
-endpoint, and the origin's CPU time per 1,000 streams."""
+endpoint. (Its CPU time per 1,000 streams: ``make bench-origin-streams``.)"""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -23,29 +21,14 @@ from tests.integration.origin_harness import (
     origin_process,
     pool,
 )
+from tests.polling import wait_until_async
 from tests.tunnel_env import connect, dial_config, free_port
 from tunnel.aio.connection import TunnelConnection
 from tunnel.aio.errors import StreamResetError, TunnelHandshakeError
 
 pytestmark = needs_node
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def process_tree_cpu_s(pid: int) -> float:
-    """utime + stime of ``pid`` and its children (the workers), in seconds."""
-    pids = [pid]
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    if children.exists():
-        pids += [int(p) for p in children.read_text().split()]
-    total = 0
-    for p in pids:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()
-        except FileNotFoundError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
-    return total / CLOCK_TICKS
+REQUEST = b"GET /ip HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n"  # http_get's
 
 
 async def load(
@@ -70,41 +53,35 @@ async def load(
     return counts, failures
 
 
-def test_even_load_over_four_backends_and_cpu_per_stream(
-    test_pki: PkiFiles, tmp_path: Path, record_property: pytest.RecordProperty
-) -> None:
+def test_even_load_over_four_backends(test_pki: PkiFiles, tmp_path: Path) -> None:
+    """By count: every backend within 10% of the mean. (The origin's CPU per
+    1,000 streams is a figure of ``make bench-origin-streams``: a timed test
+    on a shared machine measures the machine.)"""
     requests = 4000
     with node_backends(tmp_path, 4) as nodes:
-        config = origin_config(test_pki, [pool([n.address for n in nodes])], workers=2)
+        # Round robin: within 10% of the mean is its promise whatever each
+        # backend's speed; least_connections (the default, its own tests in
+        # test_origin_balancer*) rightly favours a backend faster at the moment.
+        backends = pool([n.address for n in nodes], algorithm="round_robin")
+        config = origin_config(test_pki, [backends], workers=2)
         with origin_process(tmp_path, config) as origin:
 
-            async def main() -> tuple[Counter[int], int, float, float]:
+            async def main() -> tuple[Counter[int], int]:
                 await origin.wait_ready()
                 dial = dial_config(test_pki, origin.port)
                 connections = [await connect(dial) for _ in range(2)]
                 await load(connections, 40, 4)  # warm up
-                cpu_before = process_tree_cpu_s(origin.process.pid)  # type: ignore[union-attr]
-                began = time.monotonic()
                 counts, failures = await load(connections, requests, 24)
-                elapsed = time.monotonic() - began
-                cpu = process_tree_cpu_s(origin.process.pid) - cpu_before  # type: ignore[union-attr]
                 for connection in connections:
                     connection.abort()
-                return counts, failures, cpu, elapsed
+                return counts, failures
 
-            counts, failures, cpu_s, elapsed = run_async(main(), 60)
+            counts, failures = run_async(main(), 120)
     assert failures == 0
     assert set(counts) == {n.port for n in nodes}
     mean = requests / 4
     for port, count in counts.items():
         assert abs(count - mean) <= 0.10 * mean, (port, counts)
-    per_1000 = cpu_s / requests * 1000
-    record_property("origin_cpu_s_per_1000_streams", round(per_1000, 3))
-    print(
-        f"\norigin CPU: {per_1000 * 1000:.0f} ms per 1,000 streams "
-        f"({requests} streams in {elapsed:.2f}s, {cpu_s:.2f}s CPU, 2 workers)"
-    )
-    assert per_1000 < 5.0  # a generous bound; the measured value is reported
 
 
 def test_drain_through_the_admin_reaches_every_worker(test_pki: PkiFiles, tmp_path: Path) -> None:
@@ -124,10 +101,23 @@ def test_drain_through_the_admin_reaches_every_worker(test_pki: PkiFiles, tmp_pa
                 # several connections, so that both workers serve some of them
                 dial = dial_config(test_pki, origin.port)
                 connections = [await connect(dial) for _ in range(4)]
+
+                # The workers take the drain from the next snapshot the parent
+                # sends, after the admin answered: until a round of 40 misses
+                # the backend (a worker still without it would send it a third
+                # of its share), then 300 must all miss it.
+                async def drained_gets_some() -> bool:
+                    counts, _ = await load(connections, 40, 6)
+                    return drained.port in counts
+
+                async def drained_gets_none() -> bool:
+                    return not await drained_gets_some()
+
+                await wait_until_async(drained_gets_none, "the drain did not reach the workers")
                 during, failures = await load(connections, 300, 6)
                 assert failures == 0
                 answers.append(await admin_request("POST", f"{base}/{drained.address}/undrain"))
-                await asyncio.sleep(0.2)
+                await wait_until_async(drained_gets_some, "the undrain did not reach the workers")
                 after, _ = await load(connections, 300, 6)
                 answers.append(await admin_request("GET", f"{origin.admin_url}/backends"))
                 return during, after, answers
@@ -182,10 +172,28 @@ def test_metrics_endpoint_exposes_the_series(test_pki: PkiFiles, tmp_path: Path)
                 await admin_request(
                     "POST", f"{origin.admin_url}/backends/web/{nodes[1].address}/drain"
                 )
-                await asyncio.sleep(2.5)  # edge RTTs are published every 2 s
-                _, text = await admin_request("GET", f"{origin.admin_url}/metrics")
+
+                # Workers publish their counts once a second, edge RTTs every 2 s.
+                async def published() -> str:
+                    _, text = await admin_request("GET", f"{origin.admin_url}/metrics")
+                    done = (
+                        sum(metric_values(text, "geoedge_origin_streams_total").values()) >= 10
+                        and sum(
+                            v
+                            for k, v in metric_values(text, "geoedge_origin_bytes_total").items()
+                            if "to_backend" in k
+                        )
+                        >= 10 * len(REQUEST)
+                        and metric_values(text, "geoedge_origin_edge_rtt_seconds")
+                        and metric_values(text, "geoedge_origin_stream_failures_total")
+                        and metric_values(text, "geoedge_origin_edges_refused_total")
+                        and 1.0 in metric_values(text, "geoedge_origin_backend_drained").values()
+                    )
+                    return str(text) if done else ""
+
+                text = await wait_until_async(published, "the series were not all published")
                 connection.abort()
-                return str(text)
+                return text
 
             text = run_async(main(), 30)
     streams = metric_values(text, "geoedge_origin_streams_total")
@@ -194,8 +202,7 @@ def test_metrics_endpoint_exposes_the_series(test_pki: PkiFiles, tmp_path: Path)
     assert len(used) == 2 and all('pool="web"' in key for key in used)
     assert sum(metric_values(text, "geoedge_origin_streams_active").values()) == 0
     bytes_ = metric_values(text, "geoedge_origin_bytes_total")
-    request = b"GET /ip HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n"
-    assert sum(v for k, v in bytes_.items() if "to_backend" in k) == 10 * len(request)
+    assert sum(v for k, v in bytes_.items() if "to_backend" in k) == 10 * len(REQUEST)
     assert sum(v for k, v in bytes_.items() if "from_backend" in k) > 10 * 200
     healthy = metric_values(text, "geoedge_origin_backend_healthy")
     for node in nodes:

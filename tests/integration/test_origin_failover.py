@@ -5,7 +5,6 @@ WireGuard-style TCP listener."""
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from tests.integration.origin_harness import (
     origin_in_process,
     pool,
 )
+from tests.polling import wait_until_async
 from tests.tunnel_env import connect, dial_config, free_port
 from tunnel.aio.errors import StreamResetError, TunnelHandshakeError
 from tunnel.mux import ErrorCode
@@ -169,8 +169,10 @@ def test_tcp_listener_admits_only_allowed_peers(test_pki: PkiFiles, tmp_path: Pa
             async with origin_in_process(refused) as origin:
                 with pytest.raises((TunnelHandshakeError, OSError, ConnectionError)):
                     await connect(dial_config(test_pki, config_port(refused), transport="tcp"))
-                await asyncio.sleep(0.05)
-                count = sample(origin, "edges_refused_total", reason="peer_not_allowed")
+                count = await wait_until_async(  # counted once the origin closed it
+                    lambda: sample(origin, "edges_refused_total", reason="peer_not_allowed"),
+                    "the refusal was not counted",
+                )
             return status, count
 
         status, count = run_async(main(), 30)

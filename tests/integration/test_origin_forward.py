@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import PkiFiles, run_async
 from tests.integration.origin_harness import CLIENT, origin_config, origin_in_process, pool
+from tests.polling import wait_until_async
 from tests.tunnel_env import connect, dial_config, open_io
 from tunnel.aio.errors import StreamResetError
 from tunnel.aio.stream import StreamIO
@@ -218,8 +219,21 @@ def test_an_edge_that_does_not_read_stops_the_backend(test_pki: PkiFiles) -> Non
             io = open_io(connection, **metadata)
             ios.append(io)
             io.write(b"go")
-            await asyncio.sleep(1.0)  # the edge reads nothing meanwhile
-            stuck = seen[0].transport.get_write_buffer_size()  # type: ignore[union-attr]
+            # The edge reads nothing meanwhile: wait until the flow out of the
+            # backend has stopped (its buffer the same across 0.2 s), whatever
+            # the machine's speed; without backpressure that is when all of it
+            # has gone, and the buffer is empty.
+            await wait_until_async(lambda: seen, "the backend was never reached")
+            backend = seen[0].transport
+            assert backend is not None
+
+            async def flow_stopped() -> bool:
+                before = backend.get_write_buffer_size()
+                await asyncio.sleep(0.2)
+                return backend.get_write_buffer_size() == before
+
+            await wait_until_async(flow_stopped, "the backend's output never settled")
+            stuck = backend.get_write_buffer_size()
             received = 0
             while chunk_in := await asyncio.wait_for(io.read(), 10):
                 received += len(chunk_in)

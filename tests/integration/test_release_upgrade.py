@@ -1,18 +1,26 @@
-"""Pinned, versioned, reversible installs (issue 28), with real wheels and daemons.
+"""Pinned, versioned, reversible installs (issue 28), upgraded and rolled back
+by ``systemctl reload`` (issue 27), with real wheels and daemons.
 
 Two builds of geoedge (the checkout as it is, and the same with another
 version) are installed the one way hosts install them: ``geoedge.release``
 run from the wheel itself, dependencies from the lock file the wheel carries
-(``--require-hashes``), each release in its own directory, ``current`` a link.
-Then an origin, an edge and a Node.js backend run from ``current`` while a
-client keeps opening new HTTPS connections through the edge; the releases are
-switched (upgrade, then rollback) and the daemons restarted one at a time as
-``systemctl restart`` does with the socket units (the listening sockets are
-held here, as systemd holds them, and passed as descriptor 3). Every request
-must succeed, and each daemon must report the version it was switched to.
+(``--require-hashes``), each release in its own directory, ``current`` a link,
+the commands linked through it into a ``bin`` directory as into
+``/usr/local/bin``.
 
-The restart stands in for ``systemctl reload`` (issue 27, upgrade in place)
-until that lands; the sequence of link switch then daemon is the same.
+Then a Node.js backend, an origin and an edge (two workers each) run as their
+units run them: the unit's ``ExecStart=`` (the console script through the
+link), the listening socket passed as descriptor 3 as the socket unit passes
+it, and a notify socket of the test's own where systemd's would be. While new
+HTTPS connections keep arriving and a keep-alive client keeps sending on its
+connection, the release is switched and each daemon (origin first, then edge)
+is reloaded with its unit's ``ExecReload=`` line and its pid as ``$MAINPID``:
+upgrade (``geoedge release activate`` the second build), then rollback
+(``geoedge release rollback``). No request may fail; after each reload the
+supervisor is the same process (``MAINPID=`` unchanged), it runs the
+interpreter of the release the link points at, and every worker is new and
+reports that release's version in ``geoedge_build_info`` on ``/metrics`` and
+on the status page.
 """
 
 from __future__ import annotations
@@ -21,7 +29,6 @@ import http.client
 import json
 import os
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -29,20 +36,24 @@ import sys
 import threading
 import time
 import tomllib
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from loadtests.reload_stack import exec_reload, unit_command, worker_versions
 from tests.conftest import PkiFiles, scaled
 from tests.edge_env import (
     ROOT,
     Processes,
     node_available,
-    wait_port,
     write_edge_config,
     write_origin_config,
 )
+from tests.integration.test_reload import children, wait_for
+from tests.integration.test_status_page import fact, status, table
+from tests.integration.test_systemd import NotifySocket
 from tests.tunnel_env import free_port
 
 pytestmark = [
@@ -195,14 +206,17 @@ def test_each_release_is_its_own_venv_with_the_locked_versions(installed: Instal
         env=clean_env(),
         check=True,
     ).stdout
-    assert version.strip() == f"geoedge {VERSION}"
+    assert version.strip() == f"geoedge {VERSION} (pure Python)"  # the wheels build_wheel makes
 
 
 # --------------------------------------------------------------- serving throughout
 
+#: Workers per daemon: "every worker" must mean more than one.
+WORKERS = 2
+
 
 def listening_socket(port: int) -> socket.socket:
-    """What systemd's socket unit holds across restarts."""
+    """What systemd's socket unit holds and passes to the daemon."""
     sock = socket.create_server(("127.0.0.1", port), backlog=4096)
     sock.set_inheritable(True)
     return sock
@@ -210,124 +224,256 @@ def listening_socket(port: int) -> socket.socket:
 
 @dataclass
 class Daemon:
-    """One daemon run from ``bin/`` (the links through ``current``) with its
-    listening socket passed as systemd passes it."""
+    """One daemon as its unit runs it: ``ExecStart=`` with ``bin/`` (the links
+    through ``current``) for ``/usr/local/bin``, its listening socket passed as
+    systemd passes it, ``NOTIFY_SOCKET`` the test's; ``ExecReload=`` with its pid."""
 
-    work: Path
-    command: str
+    role: str
+    installed: Installed
     config: Path
     sock: socket.socket
     fd_name: str
     admin_port: int
+    notify: NotifySocket
     procs: Processes
     proc: subprocess.Popen[bytes] | None = None
-    starts: int = 0
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.installed.work / "bin"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None and self.proc.poll() is None, f"the {self.role} exited"
+        return self.proc.pid
 
     def start(self) -> None:
         fd = self.sock.fileno()
-        self.starts += 1
-        log = (self.work / f"{self.command}-{self.starts}.log").open("wb")
         wrapper = (
             f"export LISTEN_PID=$$ LISTEN_FDS=1 LISTEN_FDNAMES={self.fd_name}; "
             f'exec "$@" 3<&{fd} {fd}<&-'
         )
-        command = [str(self.work / "bin" / self.command), "--config", str(self.config)]
-        self.proc = self.procs.start(
-            ["bash", "-c", wrapper, "_", *command],
-            pass_fds=(fd,),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=self.work,
-            env=clean_env(),
+        command = unit_command(self.role, "ExecStart", bin_dir=self.bin_dir, config=self.config)
+        assert command[0] == str(self.bin_dir / f"geoedge-{self.role}")
+        with (self.installed.work / f"{self.role}.log").open("ab") as log:
+            self.proc = self.procs.start(
+                ["bash", "-c", wrapper, "_", *command],
+                pass_fds=(fd,),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.installed.work,
+                env={**clean_env(), "NOTIFY_SOCKET": str(self.notify.path)},
+            )
+
+    def wait_ready(self) -> None:
+        """Until ``READY=1`` came (the edge: its tunnels up and warm)."""
+        log = self.installed.work / f"{self.role}.log"
+        wait_for(
+            lambda: self.readies() or self.proc is None or self.proc.poll() is not None,
+            f"the {self.role} never said READY=1",
         )
-        log.close()
+        assert self.proc is not None and self.proc.poll() is None, log.read_text()[-3000:]
 
-    def stop(self) -> None:
-        """``systemctl stop``: SIGTERM, the drain, the exit."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(scaled(60)) == 0
+    def readies(self) -> list[list[str]]:
+        return [lines for _, lines in list(self.notify.messages) if "READY=1" in lines]
 
-    def restart(self) -> None:
-        self.stop()
-        self.start()
+    def reload(self, version: str) -> None:
+        """``systemctl reload``: the unit's ``ExecReload=`` with ``$MAINPID``; it
+        must end ``ok`` with ``version``, and systemd must hear ``READY=1`` from
+        the same main pid."""
+        pid, readies = self.pid, len(self.readies())
+        done = exec_reload(
+            self.role, bin_dir=self.bin_dir, config=self.config, pid=pid,
+            cwd=self.installed.work, env=clean_env(), timeout_s=scaled(150),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        last = done.stderr.splitlines()[-1]
+        assert last.startswith(f"geoedge-{self.role}: ok version {version},"), done.stderr
+        wait_for(lambda: len(self.readies()) > readies, f"no READY=1 after the {self.role} reload")
+        ready = self.readies()[-1]
+        assert f"MAINPID={pid}" in ready and any(x.startswith("STATUS=reload ok") for x in ready)
+        assert self.pid == pid  # the same process: re-executed in place
 
-    def status(self) -> dict[str, str]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.admin_port, timeout=scaled(5))
-        try:
-            conn.request("GET", "/status.json")
-            page = json.loads(conn.getresponse().read())
-        finally:
-            conn.close()
-        return {label: value["text"] for label, value in page["facts"]}
+    def runs(self, release: str) -> None:
+        """The supervisor runs the interpreter of ``release`` (the ``#!`` line
+        of the script the link led to when it last executed)."""
+        argv = Path(f"/proc/{self.pid}/cmdline").read_text().split("\0")
+        assert argv[0] == str(self.installed.opt / "releases" / release / "bin" / "python"), argv
 
-    def wait_version(self, version: str) -> None:
-        deadline = time.monotonic() + scaled(60)
-        while True:
+    def wait_workers(self, version: str, old: set[int]) -> set[int]:
+        """Until the supervisor has ``WORKERS`` workers, none of ``old``, each
+        of them (and no other) reporting ``version`` on /metrics and on the
+        status page; returns them."""
+        seen: dict[str, object] = {}
+
+        def settled() -> bool:
+            workers = children(self.pid)
+            seen["workers"] = workers
+            if len(workers) != WORKERS or workers & old:
+                return False
             try:
-                if self.status().get("version") == version:
-                    return
-            except (OSError, http.client.HTTPException, ValueError):
-                pass
-            assert self.proc is not None and self.proc.poll() is None, self.command
-            assert time.monotonic() < deadline, f"{self.command} never reported {version}"
-            time.sleep(0.2)
+                seen["metrics"] = worker_versions(self.admin_port)
+                page = status(self.admin_port)
+            except (OSError, ValueError):
+                return False
+            # A row's version cell: "<version> (<build mode>)".
+            rows = {int(row[0]): row[1].rsplit(" (", 1)[0] for row in table(page, "Workers")}
+            seen["status page"] = rows
+            seen["supervisor"] = supervisor = fact(page, "version")
+            expected = dict.fromkeys(workers, version)
+            return seen["metrics"] == expected and rows == expected and supervisor == version
+
+        wait_for(settled, lambda: f"the {self.role}'s workers never all reported {version}: {seen}")
+        workers = seen["workers"]
+        assert isinstance(workers, set)
+        return workers
 
 
-@dataclass
-class Client:
-    """New HTTPS connections through the edge, one request each, until stopped
-    (bounded: at most ``limit`` requests)."""
+class LoadClient:
+    """Requests through the edge, ``GET /ip`` one after the other, 20 ms apart,
+    in a thread of its own until :attr:`stop` (bounded: at most ``limit``)."""
 
-    port: int
-    ca: Path
-    limit: int = 20_000
-    ok: int = 0
-    failures: list[str] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
+    def __init__(self, port: int, ca: Path, limit: int = 20_000) -> None:
+        self.port, self.limit = port, limit
+        self.context = ssl.create_default_context(cafile=str(ca))
+        self.ok = 0
+        self.failures: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def run(self) -> None:
-        context = ssl.create_default_context(cafile=str(self.ca))
+    def connection(self) -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection(
+            "127.0.0.1", self.port, context=self.context, timeout=scaled(60)
+        )
+
+    def _run(self) -> None:
         for _ in range(self.limit):
             if self.stop.is_set():
-                return
-            conn = http.client.HTTPSConnection(
-                "127.0.0.1", self.port, context=context, timeout=scaled(60)
-            )
-            try:
-                conn.request("GET", "/ip", headers={"Host": "localhost"})
-                response = conn.getresponse()
-                body = response.read()
-                if response.status == 200 and b"remote_address" in body:
-                    self.ok += 1
-                else:
-                    self.failures.append(f"{response.status} {body[:100]!r}")
-            except (OSError, http.client.HTTPException) as exc:
-                self.failures.append(repr(exc))
-            finally:
-                conn.close()
+                break
+            self.request()
             time.sleep(0.02)
+        self.done()
 
-    def served_more_than(self, count: int) -> None:
-        deadline = time.monotonic() + scaled(30)
-        while self.ok <= count:
-            assert time.monotonic() < deadline, self.failures[-5:]
-            time.sleep(0.05)
+    def request(self) -> None:
+        raise NotImplementedError
+
+    def done(self) -> None:
+        """The load stopped."""
+
+    def count(self, response: http.client.HTTPResponse, body: bytes) -> None:
+        if response.status == 200 and b"remote_address" in body:
+            self.ok += 1
+        else:
+            self.failures.append(f"{response.status} {body[:100]!r}")
 
 
-def test_upgrade_and_rollback_switch_the_link_and_serve_throughout(
+class NewConnections(LoadClient):
+    """A new HTTPS connection for each request."""
+
+    def request(self) -> None:
+        conn = self.connection()
+        try:
+            conn.request("GET", "/ip", headers={"Host": "localhost"})
+            response = conn.getresponse()
+            self.count(response, response.read())
+        except (OSError, http.client.HTTPException) as exc:
+            self.failures.append(repr(exc))
+        finally:
+            conn.close()
+
+
+class KeepAlive(LoadClient):
+    """Every request on one kept-alive connection, as a browser does: a new
+    connection only when the edge closed the last one (``Connection: close``,
+    or closed while idle). A request on a reused connection that the server
+    closed before answering it is sent again on a new one, as RFC 9112 §9.3.1
+    lets a client do for an idempotent request (a draining worker closes its
+    idle keep-alive connections, docs/upgrades.md): such retries are counted;
+    anything else is a failure."""
+
+    def __init__(self, port: int, ca: Path) -> None:
+        super().__init__(port, ca)
+        self.conn = self.connection()
+        self.connections = 0
+        self.retried: list[str] = []
+
+    def request(self) -> None:
+        conn = self.conn
+        reused = conn.sock is not None
+        if not reused:
+            self.connections += 1
+        try:
+            conn.request("GET", "/ip", headers={"Host": "localhost"})
+            response = conn.getresponse()
+            body = response.read()
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError,
+                ssl.SSLEOFError) as exc:  # fmt: skip
+            conn.close()
+            if reused:
+                self.retried.append(repr(exc))
+                self.request()
+            else:
+                self.failures.append(repr(exc))
+            return
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            self.failures.append(repr(exc))
+            return
+        self.count(response, body)
+
+    def done(self) -> None:
+        self.conn.close()
+
+
+def served(clients: Sequence[LoadClient]) -> list[int]:
+    return [client.ok for client in clients]
+
+
+def wait_served_beyond(clients: Sequence[LoadClient], counts: Sequence[int]) -> None:
+    """Until each client got 20 more answers than ``counts``."""
+    wait_for(
+        lambda: all(c.ok > n + 20 for c, n in zip(clients, counts, strict=True)),
+        lambda: f"the clients stopped being served: {[c.failures[-5:] for c in clients]}",
+    )
+
+
+def reload_each(
+    daemons: Sequence[Daemon],
+    release_name: str,
+    version: str,
+    workers: dict[str, set[int]],
+    clients: Sequence[LoadClient],
+) -> None:
+    """``systemctl reload`` of each daemon in turn, ``release_name`` (of
+    ``version``) now current: every client is served during each reload and
+    after it, and the daemon's new workers (``workers[role]`` before, updated)
+    run that release."""
+    for daemon in daemons:
+        before = served(clients)
+        daemon.reload(version)
+        during = served(clients)
+        assert all(n > b for n, b in zip(during, before, strict=True)), (before, during)
+        workers[daemon.role] = daemon.wait_workers(version, workers[daemon.role])
+        daemon.runs(release_name)
+        wait_served_beyond(clients, during)
+
+
+def test_upgrade_and_rollback_switch_the_link_and_reload_serving_throughout(
     installed: Installed, test_pki: PkiFiles, tmp_path: Path
 ) -> None:
     procs = Processes()
     node_port, tunnel_port, https_port = free_port(), free_port(), free_port()
     origin_admin, edge_admin = free_port(), free_port()
     tunnel_sock, https_sock = listening_socket(tunnel_port), listening_socket(https_port)
+    origin_notify = NotifySocket(tmp_path / "origin-notify.sock")
+    edge_notify = NotifySocket(tmp_path / "edge-notify.sock")
     origin_config = write_origin_config(
         tmp_path / "origin.toml",
         test_pki,
         port=tunnel_port,
         backends=[node_port],
         admin_port=origin_admin,
+        workers=WORKERS,
     )
     edge_config = write_edge_config(
         tmp_path / "edge.toml",
@@ -335,53 +481,59 @@ def test_upgrade_and_rollback_switch_the_link_and_serve_throughout(
         https_port=https_port,
         admin_port=edge_admin,
         origins=[("origin-a", tunnel_port)],
-        # Requests arriving while the origin restarts wait for its tunnel.
-        extra="\n[http]\ntunnel_wait_s = 30.0\n",
+        workers=WORKERS,
     )
     origin = Daemon(
-        installed.work, "geoedge-origin", origin_config, tunnel_sock, "tunnel", origin_admin, procs
-    )
+        "origin", installed, origin_config, tunnel_sock, "tunnel", origin_admin,
+        origin_notify, procs,
+    )  # fmt: skip
     edge = Daemon(
-        installed.work, "geoedge-edge", edge_config, https_sock, "edge", edge_admin, procs
+        "edge", installed, edge_config, https_sock, "edge", edge_admin, edge_notify, procs
     )
-    client = Client(https_port, test_pki.ca)
-    thread = threading.Thread(target=client.run, daemon=True)
+    fresh, kept = NewConnections(https_port, test_pki.ca), KeepAlive(https_port, test_pki.ca)
+    clients = (fresh, kept)
     try:
         procs.node(node_port)
         origin.start()
+        origin.wait_ready()
         edge.start()
-        origin.wait_version(VERSION)
-        edge.wait_version(VERSION)
-        wait_port(https_port)
-        thread.start()
-        client.served_more_than(20)
+        edge.wait_ready()
+        pids = {origin.pid, edge.pid}
+        workers = {d.role: d.wait_workers(VERSION, set()) for d in (origin, edge)}
+        for daemon in (origin, edge):
+            daemon.runs(installed.first)
+        for client in clients:
+            client.thread.start()
+        wait_served_beyond(clients, [0, 0])
 
-        # Upgrade: the link first, then the daemons, origins before edges.
+        # Upgrade: the link first, then each daemon's reload, origins before edges.
         out = release(installed.work, "activate", installed.second)
         assert f"current: {installed.second}" in out
         assert installed.current() == installed.second
-        for daemon in (origin, edge):
-            before = client.ok
-            daemon.restart()
-            daemon.wait_version(NEXT_VERSION)
-            client.served_more_than(before + 20)
+        reload_each((origin, edge), installed.second, NEXT_VERSION, workers, clients)
 
-        # Rollback: current and previous swap; the daemons follow.
+        # Rollback: current and previous swap; each daemon is reloaded again.
         out = release(installed.work, "rollback")
         assert f"current: {installed.first}" in out
         assert installed.current() == installed.first
         assert Path(os.readlink(installed.opt / "previous")).name == installed.second
-        for daemon in (origin, edge):
-            before = client.ok
-            daemon.restart()
-            daemon.wait_version(VERSION)
-            client.served_more_than(before + 20)
+        reload_each((origin, edge), installed.first, VERSION, workers, clients)
+        assert {origin.pid, edge.pid} == pids  # MAINPID never changed
     finally:
-        client.stop.set()
-        if thread.is_alive():
-            thread.join(scaled(90))
+        for client in clients:
+            client.stop.set()
+        for client in clients:
+            if client.thread.is_alive():
+                client.thread.join(scaled(90))
         procs.stop_all()
         tunnel_sock.close()
         https_sock.close()
-    assert client.failures == [], client.failures[:10]
-    assert client.ok > 100
+        origin_notify.close()
+        edge_notify.close()
+    assert fresh.failures == [], fresh.failures[:10]
+    assert kept.failures == [], kept.failures[:10]
+    # The keep-alive client kept its connection between reloads (far more
+    # requests than connections), and each edge reload (two) moved it to a new
+    # worker: the old one closed it, idle (a retry) or after an answer.
+    assert kept.connections >= 3 and kept.ok > 5 * kept.connections, (kept.ok, kept.connections)
+    assert len(kept.retried) <= 2, kept.retried

@@ -15,7 +15,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import shlex
 import signal
 import socket
 import ssl
@@ -23,13 +22,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from loadtests.reload_stack import exec_reload as run_exec_reload
+from loadtests.reload_stack import worker_versions
 from tests.conftest import PkiFiles, scaled
 from tests.edge_env import ROOT, Stack, edge_stack, node_available
 from tests.integration.test_edge_lose_nothing import ws_frame
@@ -37,8 +37,6 @@ from tests.integration.test_edge_websocket_drain import open_websocket
 from tests.integration.test_systemd import NotifySocket
 
 pytestmark = pytest.mark.skipif(not node_available(), reason="run `make node` first")
-
-UNITS = ROOT / "deploy" / "systemd"
 
 
 @pytest.fixture
@@ -49,21 +47,11 @@ def notify(tmp_path: Path) -> Iterator[NotifySocket]:
 
 
 def exec_reload(role: str, config: Path, pid: int) -> subprocess.CompletedProcess[str]:
-    """The unit's ``ExecReload=`` as systemd runs it, ``$MAINPID`` = ``pid``."""
-    line = next(
-        line
-        for line in (UNITS / f"geoedge-{role}.service").read_text().splitlines()
-        if line.startswith("ExecReload=")
-    )
-    retargeted = {
-        f"/usr/local/bin/geoedge-{role}": str(Path(sys.executable).parent / f"geoedge-{role}"),
-        f"/etc/geoedge/{role}.toml": str(config),
-        "$MAINPID": str(pid),
-    }
-    argv = [retargeted.get(arg, arg) for arg in shlex.split(line.removeprefix("ExecReload="))]
-    return subprocess.run(
-        argv, capture_output=True, text=True, timeout=scaled(150), cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    """The unit's ``ExecReload=`` as systemd runs it, ``$MAINPID`` = ``pid``, its
+    command from this interpreter's venv, the checkout's code."""
+    return run_exec_reload(
+        role, bin_dir=Path(sys.executable).parent, config=config, pid=pid, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout_s=scaled(150),
     )  # fmt: skip
 
 
@@ -76,10 +64,12 @@ def children(pid: int) -> set[int]:
     return found
 
 
-def wait_for(condition: object, what: str, timeout: float = 60) -> None:
+def wait_for(condition: object, what: str | Callable[[], str], timeout: float = 60) -> None:
+    """Until ``condition()``; ``what`` says what did not happen (called then,
+    when it is a function: what was seen last)."""
     deadline = time.monotonic() + scaled(timeout)
     while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
+        assert time.monotonic() < deadline, what if isinstance(what, str) else what()
         time.sleep(0.1)
 
 
@@ -95,25 +85,11 @@ def fetch(port: int, method: str, path: str) -> tuple[int, bytes]:
         conn.close()
 
 
-def metrics(port: int) -> str:
-    return fetch(port, "GET", "/metrics")[1].decode()
-
-
 def admin(port: int, method: str, path: str) -> dict[str, Any]:
     status, body = fetch(port, method, path)
     assert status == 200, (status, body)
     answer: dict[str, Any] = json.loads(body)
     return answer
-
-
-def build_info(text: str) -> dict[int, str]:
-    """pid -> version of ``geoedge_build_info``."""
-    return {
-        int(sample.labels["pid"]): sample.labels["version"]
-        for family in text_string_to_metric_families(text)
-        if family.name == "geoedge_build_info"
-        for sample in family.samples
-    }
 
 
 class Load:
@@ -225,7 +201,7 @@ def test_a_reload_under_load_replaces_every_worker_and_fails_no_client(
         wait_for(lambda: len(children(pid)) == 2, "the old workers never left")
         load.stop()
         new = children(pid)
-        versions = build_info(metrics(stack.admin_port))
+        versions = worker_versions(stack.admin_port)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stderr.splitlines()[-1].startswith("geoedge-edge: ok version "), done.stderr
     assert after_reload > before_reload  # clients were served during the reload ...
@@ -300,14 +276,14 @@ def test_each_worker_reports_the_version_it_runs_and_reloads_leave_nothing_behin
     with edge_stack(test_pki, tmp_path, workers=2, edge_env=env) as stack:
         notify.wait_for("READY=1")
         pid = stack.edge.pid
-        wait_for(lambda: len(build_info(metrics(stack.admin_port))) == 2, "no build_info")
-        assert set(build_info(metrics(stack.admin_port)).values()) == {"7.0.0"}
+        wait_for(lambda: len(worker_versions(stack.admin_port)) == 2, "no build_info")
+        assert set(worker_versions(stack.admin_port).values()) == {"7.0.0"}
         write_distribution(site, "7.1.0")  # installed, not yet reloaded
         crashed = min(children(pid))
         os.kill(crashed, signal.SIGKILL)
         wait_for(lambda: len(children(pid) - {crashed}) == 2, "the worker was not restarted")
-        wait_for(lambda: len(build_info(metrics(stack.admin_port))) == 2, "no restarted series")
-        assert set(build_info(metrics(stack.admin_port)).values()) == {"7.0.0"}
+        wait_for(lambda: len(worker_versions(stack.admin_port)) == 2, "no restarted series")
+        assert set(worker_versions(stack.admin_port).values()) == {"7.0.0"}
 
         fds: list[int] = []
         for n in range(4):
@@ -315,7 +291,7 @@ def test_each_worker_reports_the_version_it_runs_and_reloads_leave_nothing_behin
             assert done.returncode == 0, done.stdout + done.stderr
             wait_for(lambda: len(children(pid)) == 2, "the old workers never left")
             fds.append(len(os.listdir(f"/proc/{pid}/fd")))
-            versions = build_info(metrics(stack.admin_port))
+            versions = worker_versions(stack.admin_port)
             assert set(versions) == children(pid) and set(versions.values()) == {"7.1.0"}, n
         assert stack.get("/")[0] == 200
         workers = children(pid)

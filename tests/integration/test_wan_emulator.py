@@ -83,7 +83,7 @@ CLIENT = textwrap.dedent(
         for i in range(udp_count):
             u.sendto(b"u%d" % i, (host, port))
             time.sleep(0.001)
-        u.settimeout(0.5)
+        u.settimeout(3.0)  # stragglers only delay the end: a busy host must not drop them
         got = set()
         try:
             while len(got) < udp_count:
@@ -129,10 +129,6 @@ def gone(pid: int | str | None) -> bool:
     return pid is not None and not netns._running(int(pid))
 
 
-def median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
-
-
 def test_defaults_give_the_configured_round_trips_and_teardown_is_complete(
     wan_supported: None,
 ) -> None:
@@ -144,10 +140,13 @@ def test_defaults_give_the_configured_round_trips_and_teardown_is_complete(
 
         far, near = measure(wan, "origin"), measure(wan, "edge")
         print(f"user-origin {far}\nuser-edge {near}\nstats {wan.statistics()['late_mean_us']} us")
+        # The emulator's accuracy is the point, so these are bounds; each is
+        # taken on the fastest of several round trips, because load on the host
+        # only ever adds delay: a systematic error still shows, a busy moment not.
         assert 255 <= min(far["connect_ms"]) <= 300, far
-        assert 255 <= median(far["echo_ms"]) <= 300, far
+        assert 255 <= min(far["echo_ms"]) <= 300, far
         assert 9 <= min(near["connect_ms"]) <= 25, near
-        assert 9 <= median(near["echo_ms"]) <= 25, near
+        assert 9 <= min(near["echo_ms"]) <= 25, near
         # The namespaces' default is the host's (BBR here); the routes pin cubic.
         assert far["congctl"] == near["congctl"] == "cubic"
         for server in servers:
@@ -158,7 +157,7 @@ def test_defaults_give_the_configured_round_trips_and_teardown_is_complete(
         wan.set_pair("user", "edge", delay_ms=25)
         assert wan.floor_ms("user", "edge") == 50.0
         slower = measure(wan, "edge", connects=1, echoes=3)
-        assert 48 <= median(slower["echo_ms"]) <= 70, slower
+        assert 48 <= min(slower["echo_ms"]) <= 70, slower
 
         # 25% loss each way: about 0.75**2 of UDP echoes come back.
         wan.set_pair("user", "edge", delay_ms=5, loss=0.25)

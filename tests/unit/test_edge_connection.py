@@ -3,13 +3,12 @@ decision of the request-to-stream path, without sockets or processes."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from edge.front_h1 import Http1Connection
 from tests.conftest import run_async
 from tests.edge_fakes import FakeClientTransport, FakeServices
+from tests.polling import wait_until_async
 from tunnel.mux import ErrorCode
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -287,7 +286,7 @@ def test_a_request_that_finds_no_tunnel_in_time_gets_a_503() -> None:
     async def main() -> None:
         client, transport, services = connect(FakeServices(tunnel_up=False, tunnel_wait_s=0.05))
         client.data_received(get())
-        await asyncio.sleep(0.2)
+        await wait_until_async(lambda: services.logged, "the request was never answered")
         assert transport.take().startswith(b"HTTP/1.1 503 ")
         ((record, _),) = services.logged
         assert record.outcome == "no_tunnel"

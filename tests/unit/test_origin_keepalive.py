@@ -8,8 +8,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from origin.forward import BackendProtocol, Splice
-from origin.keepalive import SWEEP_INTERVAL_S, IdleBackends
+from origin.keepalive import IdleBackends
 from tests.conftest import run_async
+from tests.polling import wait_until_async
 
 KEY = object()
 
@@ -104,11 +105,7 @@ def test_backend_bytes_or_close_while_parked_drop_the_connection() -> None:
             idle.park(KEY, protocol, clock.now + 3, limit=8)
         accepted[0][1].write(b"HTTP/1.1 200 OK\r\n")  # unasked: a desync waiting to happen
         accepted[1][1].close()  # the backend's keep-alive timeout
-        for _ in range(200):
-            if len(idle) == 1:
-                break
-            await asyncio.sleep(0.005)
-        assert len(idle) == 1
+        await wait_until_async(lambda: len(idle) == 1, "the parked connections stayed")
         assert talker.transport.is_closing() and closer.transport.is_closing()
         assert idle.take(KEY) is quiet
 
@@ -121,8 +118,10 @@ def test_the_sweep_closes_what_expired_and_close_all_the_rest() -> None:
         idle.park(KEY, short, clock.now + 1, limit=8)
         idle.park(object(), long, clock.now + 60, limit=8)
         clock.now += 2
-        await asyncio.sleep(SWEEP_INTERVAL_S * 1.5)
-        assert short.transport.is_closing() and not long.transport.is_closing()
+        # The sweep (every SWEEP_INTERVAL_S) closed the expired one: then it
+        # had looked at both, and kept the other.
+        await wait_until_async(short.transport.is_closing, "the sweep did not run")
+        assert not long.transport.is_closing()
         assert len(idle) == 1
         idle.close_all()
         assert long.transport.is_closing() and len(idle) == 0

@@ -70,6 +70,38 @@ def test_multiprocess_counts_are_merged_and_dead_gauges_dropped() -> None:
     assert result["dir_gone"]
 
 
+MERGE_WHILE_A_FILE_IS_CREATED = r"""
+import os
+from pathlib import Path
+from geoedge.metrics import (
+    MetricSet, cleanup_multiprocess, enable_multiprocess, exposition, merged_families,
+)
+directory = enable_multiprocess()
+MetricSet("t").counter("streams", "streams").inc(3)
+# What a worker starting now leaves for an instant: prometheus_client opens its
+# value file (0 octets) before it sizes it.
+(Path(directory) / "counter_4242.db").touch()
+text = exposition()[0].decode()
+assert "t_streams_total 3.0" in text.splitlines(), text
+assert any(f.name == "t_streams" for f in merged_families())
+cleanup_multiprocess(directory)
+"""
+
+
+def test_a_value_file_being_created_does_not_break_the_merge() -> None:
+    """/metrics and /readyz answered 500 (a struct.error) when they merged while
+    a worker was starting; the empty file is left out until it holds values."""
+    out = subprocess.run(
+        [sys.executable, "-c", MERGE_WHILE_A_FILE_IS_CREATED],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0, out.stderr
+
+
 def test_single_process_sets_use_their_own_registries() -> None:
     assert not multiprocess_enabled()
     one, two = MetricSet("a"), MetricSet("a")  # the same names twice: no clash
