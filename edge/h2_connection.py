@@ -19,6 +19,8 @@ fails if a later ``h2`` renames them.
 
 from __future__ import annotations
 
+from typing import cast
+
 import h2.config
 import h2.connection
 import h2.errors
@@ -144,7 +146,8 @@ def new_h2_connection(
             codes.MAX_HEADER_LIST_SIZE: max_header_list_size,
             codes.INITIAL_WINDOW_SIZE: stream_window,
             codes.ENABLE_CONNECT_PROTOCOL: 1,
-            NO_RFC7540_PRIORITIES: 1,
+            # h2 sends any setting it is given; its type names only the ones it knows.
+            cast("h2.settings.SettingCodes", NO_RFC7540_PRIORITIES): 1,
         },
     )
     conn.decoder.max_header_list_size = max_header_list_size
