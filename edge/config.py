@@ -249,8 +249,8 @@ class HttpConfig:
     libnghttp2's headers are, ``libnghttp2-dev`` on Debian), ``"h2"`` (the
     pure-Python ``h2`` library), or ``"auto"``: nghttp2 when the binding is
     built, else h2. Both behave the same to clients (docs/http2.md); the
-    start-up line and ``geoedge_h2_engine_info`` say which runs. Naming one
-    that cannot run here stops the edge at start-up."""
+    start-up line (and a reload's) says which runs. Naming one that cannot
+    run here stops the edge at start-up (and ``--check`` refuses it)."""
     websocket_idle_timeout_s: float = 3600.0
     """Upgraded connections with no traffic either way are closed after this."""
     tunnel_wait_s: float = 5.0

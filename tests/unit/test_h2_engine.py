@@ -147,3 +147,27 @@ def test_an_engine_named_that_cannot_run_is_an_error_not_a_fallback() -> None:
         return
     with pytest.raises(EngineUnavailable, match="cannot run here"):
         resolve_engine("nghttp2")
+
+
+def test_an_engine_that_cannot_run_stops_the_edge_at_its_check_naming_key_and_file(
+    tmp_path: Path,
+) -> None:
+    """``edge --check`` (and start-up, which runs the same preflight) refuses
+    ``h2_engine = "nghttp2"`` where the binding cannot run: the pure-Python
+    run here, whatever this run's build."""
+    example = (ROOT / "deploy" / "config" / "edge.example.toml").read_text()
+    assert 'h2_engine = "auto"' in example
+    config = tmp_path / "edge.toml"
+    config.write_text(example.replace('h2_engine = "auto"', 'h2_engine = "nghttp2"'))
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, "-m", "edge", "--check", "--config", str(config)],
+        cwd=ROOT,
+        env=environ | {NO_EXTENSIONS_VARIABLE: "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"{config}: [http] h2_engine = 'nghttp2' cannot run here" in result.stderr
