@@ -190,7 +190,7 @@ bench-tunnel: venv
 	$(PY) -m loadtests.bench_tunnel
 
 bench-edge: $(STAMPS)/py-load node
-	$(PY) -m loadtests.bench_edge
+	$(PY) -m loadtests.bench_edge $(ARGS)
 
 bench-keepalive-race: $(STAMPS)/py-load node
 	$(PY) -m loadtests.keepalive_race
