@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from edge.h2_engine import (
     resolve_engine,
 )
 from geoedge.config import ConfigError, load_config
-from tests.compiled import compiler_available
+from tests.compiled import compiler_available, copy_checkout, run_in_checkout
 from tests.h2_engines import H2_ENGINES, NGHTTP2_HEADERS, nghttp2_expected
 from tunnel.build_mode import NO_EXTENSIONS_VARIABLE, extension_path
 
@@ -42,18 +41,7 @@ print(json.dumps([resolve_engine("auto"), explicit, nghttp2_problem()]))
 def _probe(cwd: Path, **env: str) -> tuple[str, str, str]:
     """(what "auto" runs, what "nghttp2" gives, why not nghttp2) in a fresh
     interpreter importing the packages found in ``cwd``."""
-    environ = {
-        k: v for k, v in os.environ.items() if k not in {NO_EXTENSIONS_VARIABLE, "PYTHONPATH"}
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", PROBE],
-        cwd=cwd,
-        env=environ | {"PYTHONPATH": str(cwd)} | env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    result = run_in_checkout(cwd, PROBE, **env)
     auto, explicit, problem = json.loads(result.stdout)
     return auto, explicit, problem
 
@@ -101,12 +89,7 @@ def built_copy(tmp_path: Path) -> Path:
         if compiler_available() and any(path.exists() for path in NGHTTP2_HEADERS):
             pytest.fail("libnghttp2's headers are here but the binding is not built: make venv")
         pytest.skip("no C compiler or libnghttp2 headers on this machine: no binding")
-    for package in ("tunnel", "edge", "origin"):
-        shutil.copytree(
-            ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
-        )
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")  # a checkout
-    return tmp_path
+    return copy_checkout(tmp_path)
 
 
 def test_the_copy_runs_nghttp2(built_copy: Path) -> None:
