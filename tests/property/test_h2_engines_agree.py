@@ -72,7 +72,7 @@ from tests.h2_conversations import (
 )
 from tests.h2_engines import H2_ENGINES
 
-pytestmark = pytest.mark.skipif(
+BOTH_ENGINES = pytest.mark.skipif(
     "nghttp2" not in H2_ENGINES, reason="the nghttp2 engine is not built in this run"
 )
 
@@ -265,6 +265,7 @@ def _agree(reads: list[bytes], h2: Transcript, nghttp2: Transcript) -> None:
     _same_error(h2, nghttp2)
 
 
+@BOTH_ENGINES
 @DIFFERENTIAL
 @given(conversations())
 def test_both_engines_make_the_same_events_and_errors_of_what_a_client_sends(
