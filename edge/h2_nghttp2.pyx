@@ -33,14 +33,29 @@ connections and by the differential property
   (RFC 9113 §5.1.2), and the front end gets :class:`edge.h2_connection.StreamRefused`.
   nghttp2 1.52 refuses so only while the limit is unacknowledged, and ends
   the connection (PROTOCOL_ERROR) once the client acknowledged it. So the
-  limit goes in a SETTINGS frame of its own, after the one with the other
-  settings, and the client's acknowledgement of that second frame is not
-  passed on: nghttp2 keeps the limit as pending and refuses streams past it;
+  limit goes in a SETTINGS frame of our own that nghttp2 never sees, the
+  open streams are counted here (``_open``) and a stream past the limit is
+  reset REFUSED_STREAM once its header block is decoded. nghttp2 is given
+  the acknowledgement of its own SETTINGS when the client's first frame is
+  read, and the client's acknowledgements are not passed on (but inside a
+  header block, where nghttp2 must see the frame to refuse it);
 - HEADERS or DATA on a stream the client already ended (half-closed
   (remote)) is a stream error, STREAM_CLOSED (RFC 9113 §5.1), which nghttp2
   makes a connection error: such a frame is met before nghttp2 reads it, the
   stream reset first, and nghttp2 then ignores the frame as one for a closed
   stream (still decoding its header block, so HPACK's table stays right);
+- HEADERS or DATA on a stream nghttp2 no longer knows (it keeps no closed
+  streams) would be ignored; they are answered as ``h2`` answers them
+  (RFC 9113 §5.1, §5.1.1; :meth:`NgHttp2Connection._closed_stream_frame`),
+  from the latest resets and skipped ids remembered here. A WINDOW_UPDATE
+  of 0 and a padded DATA frame without room for its padding end the
+  connection on any stream (§6.9, §6.1), where nghttp2 ignores them on a
+  closed one;
+- PRIORITY frames, which nghttp2 skips once it said
+  SETTINGS_NO_RFC7540_PRIORITIES, are read here and reported (the front end
+  counts them: PRIORITY floods); a client's PUSH_PROMISE and a frame whose
+  stream id must (not) be 0 are refused at their header, as ``h2`` refuses
+  them;
 - the front end counts resets the client causes (MadeYouReset): each
   RST_STREAM nghttp2 sends of its own is reported as ``StreamReset`` with
   ``remote_reset`` false, as ``h2`` reports its own. Input is fed to
@@ -64,14 +79,16 @@ connections and by the differential property
   :meth:`NgHttp2Connection.data_to_send`.
 
 Where nghttp2 stays itself (RFC 9113 allows or requires it, and ``h2``
-differs; the differential property names each): a connection whose first
-frame is not SETTINGS is refused (§3.4); frames after the client's GOAWAY are
-read and the open streams answered (§6.8; ``h2`` ends the connection); a
-stream's DATA past its window resets that stream (§6.9.1; ``h2`` ends the
-connection); frames on a stream closed at both ends are ignored (§5.1, a
-"MAY"; ``h2`` ends the connection); responses are HPACK-coded by nghttp2,
-with its dynamic table and Huffman coding, ``authorization``,
-``proxy-authorization`` and ``set-cookie`` never indexed (RFC 7541 §7.1.3).
+differs; the differential property and docs/http2.md name each): a
+connection whose first frame is not SETTINGS is refused (§3.4); frames after
+the client's GOAWAY are read and the open streams answered (§6.8; ``h2``
+ends the connection); a stream's DATA past its window resets that stream
+(§6.9.1; ``h2`` ends the connection); a header block on a stream that is
+closed, ended or skipped is decoded for HPACK's table only, not counted
+against ``max_header_list_size`` (nothing of it is kept); responses are
+HPACK-coded by nghttp2, with its dynamic table and Huffman coding,
+``authorization``, ``proxy-authorization`` and ``set-cookie`` never indexed
+(RFC 7541 §7.1.3).
 
 Invariants: callbacks run only inside the nghttp2 calls made here, with the
 GIL held; ``_chunk`` is drained by the one ``nghttp2_session_mem_send`` that
