@@ -36,7 +36,9 @@ to its documented answer on the whole:
   counts it first and ends the connection, ENHANCE_YOUR_CALM, when it is
   past the bound. nghttp2 keeps nothing of such a block (no header
   callbacks), so the bound, which is about memory, has nothing to bound.
-  (The detector stops at any oversized block on a stream already seen.);
+  HEADERS on an even (server's) stream id is a connection error,
+  PROTOCOL_ERROR, before its block is decoded. (The detector stops at any
+  oversized block that does not open a stream of the client's.);
 - an ALTSVC frame is ignored, as a server ignores it (RFC 7838 §4); ``h2``
   (hyperframe) parses it first and ends the connection when it is malformed.
 
@@ -141,7 +143,7 @@ def divergence(data: bytes) -> Divergence | None:
                 return None  # both end the connection: no room for padding or priority
             fragments[:] = fragment
             block_at = at
-            block_opens = stream > highest
+            block_opens = stream > highest and stream % 2 == 1
         elif kind == 0x9:
             fragments += payload
         if kind in (0x1, 0x9):
@@ -154,7 +156,7 @@ def divergence(data: bytes) -> Divergence | None:
                 size = sum(32 + len(name) + len(value) for name, value in fields)
                 if size > MAX_HEADER_LIST_SIZE and not block_opens:
                     return Divergence(
-                        block_at, "an oversized header block on a stream already seen", None
+                        block_at, "an oversized header block that opens no stream", None
                     )
         if kind == 0xA:
             return Divergence(at, "an ALTSVC frame", None)
