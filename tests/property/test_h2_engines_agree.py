@@ -216,7 +216,7 @@ def _cut(reads: list[bytes], offset: int) -> list[bytes]:
 
 def _unfinished(data: bytes, offset: int) -> bool:
     """Does ``offset`` fall inside a frame, or inside a header block (HEADERS
-    then CONTINUATION frames up to END_HEADERS)?"""
+    or PUSH_PROMISE, then CONTINUATION frames up to END_HEADERS)?"""
     at = len(PREFACE)
     in_block = False
     while at + 9 <= len(data) and at < offset:
@@ -225,7 +225,7 @@ def _unfinished(data: bytes, offset: int) -> bool:
         end = at + 9 + length
         if offset < end:
             return True
-        if kind in (0x1, 0x9):
+        if kind in (0x1, 0x5, 0x9):  # HEADERS, PUSH_PROMISE, CONTINUATION
             in_block = not flags & 0x4
         at = end
     return in_block or at < offset
