@@ -143,8 +143,12 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# The sans-I/O tests (CPU-bound, no wall clock) on every core with pytest-xdist;
+# then the rest, which start real processes and read clocks, one at a time.
+SANS_IO_TESTS := tests/unit tests/property tests/fuzz
 test: venv node lint tools
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n auto $(SANS_IO_TESTS)
+	$(VENV)/bin/pytest -q $(foreach d,$(SANS_IO_TESTS),--ignore=$(d))
 
 # The wheel from its lock file under every other CPython 3.11+ this machine has
 # (3.12, 3.13 via pyenv here; skipped, saying so, where there is none). `make
