@@ -119,7 +119,7 @@ class Plan:
 QUICK = Plan(
     new=2, large=1, close_large=2, keepalive=3, ws=2, bursts=1, burst_size=10, first_bursts=1,
     idle_rounds=1, idle_s=2.0, loss=2, warmup=1, locust_s=3, locust_users=4, pages=2,
-    lossy_small=1, lossy_large=2, lossy_bursts=1, lossy_restarts=0,
+    lossy_small=1, lossy_large=1, lossy_bursts=1, lossy_restarts=0,
 )  # fmt: skip
 
 #: Loss probabilities of the lossy phases, each applied to every direction of
