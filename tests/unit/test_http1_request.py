@@ -996,7 +996,11 @@ def test_held_bytes_are_bounded() -> None:
     reader = make_reader(limits=HttpLimits(max_held_upgrade_bytes=100))
     assert reader.feed(ws_handshake() + b"x" * 60)[-1] == RequestCompleted()
     assert reader.feed(b"y" * 40) == []
-    assert rejection(reader.feed(b"z")).status == 400
+    refused = rejection(reader.feed(b"z"))
+    assert (refused.status, refused.reason) == (
+        400,
+        "too many bytes sent before the upgrade was answered",
+    )
     with pytest.raises(Http1UsageError):
         reader.upgrade_accepted()
 
@@ -1005,6 +1009,69 @@ def test_held_bytes_bound_applies_within_the_handshake_feed() -> None:
     reader = make_reader(limits=HttpLimits(max_held_upgrade_bytes=10))
     events = reader.feed(ws_handshake() + b"x" * 11)
     assert rejection(events).status == 400
+
+
+def test_refused_upgrade_after_connection_close_forwards_nothing_more() -> None:
+    """A handshake that said ``Connection: close`` was the client's last request:
+    what it sent behind it is not parsed when the backend refuses the upgrade."""
+    reader = make_reader()
+    handshake = ws_handshake().replace(b"Connection: Upgrade", b"Connection: Upgrade, close")
+    assert reader.feed(handshake + get(b"/smuggled"))[-1] == RequestCompleted()
+    assert reader.upgrade_refused() == []
+    assert reader.between_requests and not reader.idle
+    assert reader.feed(get(b"/later")) == []
+
+
+def test_refused_upgrade_leaves_an_unfinished_head_to_finish() -> None:
+    reader = make_reader()
+    reader.feed(ws_handshake() + b"GET /b HT")
+    assert reader.upgrade_refused() == []
+    assert reader.in_head
+    assert only_head(reader.feed(b"TP/1.1\r\nHost: a\r\n\r\n")).target == b"/b"
+
+
+def test_refused_upgrade_after_a_clean_close_rejects_nothing() -> None:
+    reader = make_reader()
+    reader.feed(ws_handshake())
+    assert reader.feed_eof() == [ClientClosed()]
+    assert reader.upgrade_refused() == []
+
+
+def test_refused_upgrade_after_a_close_inside_the_next_head() -> None:
+    """The held request goes up; the truncated one behind it is rejected."""
+    reader = make_reader()
+    reader.feed(ws_handshake() + get(b"/a") + b"GET / HT")
+    assert reader.feed_eof() == [ClientClosed()]
+    events = reader.upgrade_refused()
+    assert only_head(events).target == b"/a"
+    assert events[1:] == [
+        RequestCompleted(),
+        RequestRejected(400, "client closed inside a request head", mid_request=False),
+    ]
+
+
+def test_refused_upgrade_after_a_close_inside_the_next_body() -> None:
+    reader = make_reader()
+    reader.feed(ws_handshake() + post([b"Content-Length: 5"], b"ab"))
+    assert reader.feed_eof() == [ClientClosed()]
+    events = reader.upgrade_refused()
+    assert only_head(events).content_length == 5
+    assert events[1:] == [
+        RequestBodyReceived(b"ab"),
+        RequestRejected(400, "client closed inside a request body", mid_request=True),
+    ]
+
+
+def test_the_answered_upgrade_leaves_no_bytes_buffered() -> None:
+    for answer in ("accepted", "refused"):
+        reader = make_reader()
+        reader.feed(ws_handshake() + b"\x81\x05early")
+        assert reader.buffered_bytes == 7
+        if answer == "accepted":
+            assert reader.upgrade_accepted() == b"\x81\x05early"
+        else:
+            rejection(reader.upgrade_refused())  # not HTTP: rejected
+        assert reader.buffered_bytes == 0, answer
 
 
 def test_eof_while_upgrade_pending_then_refused() -> None:
@@ -1049,9 +1116,9 @@ def test_invalid_websocket_handshakes_are_rejected(data: bytes) -> None:
 
 def test_upgrade_calls_without_pending_upgrade_are_usage_errors() -> None:
     reader = make_reader()
-    with pytest.raises(Http1UsageError):
+    with pytest.raises(Http1UsageError, match=r"^upgrade_accepted\(\) with no WebSocket upgrade"):
         reader.upgrade_accepted()
-    with pytest.raises(Http1UsageError):
+    with pytest.raises(Http1UsageError, match=r"^upgrade_refused\(\) with no WebSocket upgrade"):
         reader.upgrade_refused()
 
 
@@ -1081,7 +1148,8 @@ def test_eof_between_requests_is_client_closed() -> None:
 def test_eof_inside_head_is_rejected_as_truncated() -> None:
     reader = make_reader()
     reader.feed(b"GET / HTTP/1.1\r\nHo")
-    assert rejection(reader.feed_eof()).status == 400
+    refused = rejection(reader.feed_eof())
+    assert (refused.status, refused.reason) == (400, "client closed inside a request head")
 
 
 def test_eof_inside_body_is_rejected_as_truncated() -> None:
