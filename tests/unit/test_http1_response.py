@@ -163,6 +163,17 @@ def test_decoded_trailer_values_keep_their_colons_and_letters() -> None:
     )
 
 
+def test_chunked_response_in_two_reads_forwards_same_bytes_at_every_split() -> None:
+    trailers = b"X-Checksum: " + b"c" * 60 + b"\r\nX-Other: 1\r\n\r\n"
+    body = b"5\r\nhello\r\n0\r\n" + trailers
+    data = response(b"HTTP/1.1 200 OK", b"Transfer-Encoding: chunked", body=body)
+    for split in range(1, len(data)):
+        reader = make_reader()
+        events = reader.feed(data[:split]) + reader.feed(data[split:])
+        assert forwarded(events) == data, split
+        assert events[-1] == ResponseCompleted(close_after=False), split
+
+
 def test_chunked_response_byte_at_a_time_forwards_same_bytes() -> None:
     body = b"5\r\nhello\r\n0\r\n\r\n"
     data = response(b"HTTP/1.1 200 OK", b"Transfer-Encoding: chunked", body=body)
