@@ -434,6 +434,21 @@ def forwarded_body(events: Sequence[object]) -> bytes:
     return b"".join(e.data for e in events if isinstance(e, RequestBodyReceived))
 
 
+def dechunked(forwarded: bytes) -> bytes:
+    """The payload of a chunked body the reader re-encoded (ends in its last chunk)."""
+    assert forwarded.endswith(b"0\r\n\r\n")
+    payload = b""
+    rest = forwarded
+    while True:
+        size_line, rest = rest.split(b"\r\n", 1)
+        size = int(size_line, 16)  # test oracle only: the bytes were produced by us
+        if size == 0:
+            return payload
+        payload += rest[:size]
+        assert rest[size : size + 2] == b"\r\n"
+        rest = rest[size + 2 :]
+
+
 def test_chunked_body_is_reencoded_without_extensions_and_keeps_its_trailers() -> None:
     events = chunked_events(
         b'5;name=value;x="q\\"s"\r\nhello\r\n00A\r\n0123456789\r\n0\r\nX-T: 1\r\n\r\n'
@@ -465,19 +480,7 @@ def test_chunked_body_split_everywhere_decodes_to_same_payload() -> None:
     for index in range(len(body)):
         events += reader.feed(body[index : index + 1])
     assert events[-1] == RequestCompleted()
-    forwarded = forwarded_body(events)
-    assert forwarded.endswith(b"0\r\n\r\n")
-    payload = b""
-    rest = forwarded
-    while True:
-        size_line, rest = rest.split(b"\r\n", 1)
-        size = int(size_line, 16)  # test oracle only: the bytes were produced by us
-        if size == 0:
-            break
-        payload += rest[:size]
-        assert rest[size : size + 2] == b"\r\n"
-        rest = rest[size + 2 :]
-    assert payload == b"abc0123456789abcdef"
+    assert dechunked(forwarded_body(events)) == b"abc0123456789abcdef"
 
 
 def test_sixteen_digit_chunk_size_with_leading_zeros_is_accepted() -> None:
@@ -544,6 +547,28 @@ def test_endless_chunk_size_is_rejected_before_its_end() -> None:
     reader.feed(post([b"Transfer-Encoding: chunked"]))
     events = reader.feed(b"0" * 17)
     assert rejection(events).reason == "chunk size has too many digits"
+
+
+@pytest.mark.parametrize(
+    "partial", [b"zz", b"3;a\n", b"3z\r"], ids=["not-hex", "bare-lf-in-ext", "not-hex-before-cr"]
+)
+def test_a_size_line_that_cannot_become_valid_is_refused_before_its_end(partial: bytes) -> None:
+    """A client that sends a broken chunk-size line and waits gets its 400 at
+    once, not when a timeout ends the wait."""
+    reader = make_reader()
+    reader.feed(post([b"Transfer-Encoding: chunked"]))
+    refused = rejection(reader.feed(partial))
+    assert (refused.status, refused.reason) == (400, "invalid chunk size line")
+
+
+def test_a_valid_size_line_with_extensions_is_accepted_however_split() -> None:
+    body = b"5;a=1;b=2\r\nhello\r\n0\r\n\r\n"
+    for split in range(1, len(body)):
+        reader = make_reader()
+        events = reader.feed(post([b"Transfer-Encoding: chunked"], body[:split]))
+        events += reader.feed(body[split:])
+        assert dechunked(forwarded_body(events)) == b"hello", split
+        assert events[-1] == RequestCompleted(), split
 
 
 def test_chunk_size_digits_limit_is_configurable() -> None:
