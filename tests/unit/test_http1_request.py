@@ -1250,6 +1250,7 @@ def test_a_content_length_above_max_body_bytes_is_413_before_anything_goes_up() 
     assert not [e for e in events if isinstance(e, RequestHeadReceived)]
     rejected = rejection(events)
     assert (rejected.status, rejected.mid_request) == (413, False)
+    assert rejected.reason == "Content-Length above max_body_bytes"
     assert only_head(feed_all(post([b"Content-Length: 1000"]), limits=limits))
 
 
@@ -1259,6 +1260,7 @@ def test_a_chunked_body_growing_past_max_body_bytes_is_413_mid_request() -> None
     assert only_head(events) and not [e for e in events if isinstance(e, RequestRejected)]
     rejected = rejection(reader.feed(b"1\r\nx\r\n"))
     assert (rejected.status, rejected.mid_request) == (413, True)
+    assert rejected.reason == "chunked body above max_body_bytes"
 
 
 @pytest.mark.parametrize(
