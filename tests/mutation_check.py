@@ -173,7 +173,10 @@ def run_target(
         "target": target.name,
         "only": list(only),
         "tree": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+            ["git", "describe", "--always", "--dirty", "--abbrev=7"],
+            cwd=root,
+            capture_output=True,
+            text=True,
         ).stdout.strip(),
         "tests": list(target.tests),
         "killed": stats["killed"],
