@@ -1087,6 +1087,14 @@ def test_refused_upgrade_after_a_close_inside_the_next_body() -> None:
     ]
 
 
+def test_a_second_upgrade_after_a_refused_one_carries_only_its_own_bytes() -> None:
+    reader = make_reader()
+    reader.feed(ws_handshake())
+    assert reader.upgrade_refused() == []
+    assert reader.feed(ws_handshake() + b"\x81\x05early")[-1] == RequestCompleted()
+    assert reader.upgrade_accepted() == b"\x81\x05early"
+
+
 def test_the_answered_upgrade_leaves_no_bytes_buffered() -> None:
     for answer in ("accepted", "refused"):
         reader = make_reader()
