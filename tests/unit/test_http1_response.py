@@ -696,6 +696,9 @@ def test_reusable_head_keeps_the_status_line_and_last_value_whole() -> None:
     assert reusable_head(head, frozenset({b"x-slot"})) == response(b"HTTP/1.1 200 ", b"X-Tail: ZX")
     head = response(b"HTTP/1.1 200 OX", b"X-Slot: 3", b"X-Tail: 1")
     assert reusable_head(head, frozenset({b"x-slot"})) == response(b"HTTP/1.1 200 OX", b"X-Tail: 1")
+    # a value with a colon in it: the field's name ends at the first one
+    head = response(b"HTTP/1.1 200 OK", b"X-Slot: backend-7:8080", b"X-Tail: 1")
+    assert reusable_head(head, frozenset({b"x-slot"})) == response(b"HTTP/1.1 200 OK", b"X-Tail: 1")
 
 
 def test_with_field_puts_the_field_first_and_leaves_the_rest() -> None:
