@@ -148,6 +148,13 @@ def run_target(
     target: Target, children: int, keep: Path | None, root: Path, only: tuple[str, ...]
 ) -> dict[str, object]:
     mutmut = shutil.which("mutmut", path=str(Path(sys.executable).parent)) or "mutmut"
+    # The commit the copy is made from (not the one checked out when the run ends).
+    tree = subprocess.run(
+        ["git", "describe", "--always", "--dirty", "--abbrev=7"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="geoedge-mutation-") as tmp:
         work = Path(tmp)
         scratch_tree(root, work)
@@ -172,12 +179,7 @@ def run_target(
     return {
         "target": target.name,
         "only": list(only),
-        "tree": subprocess.run(
-            ["git", "describe", "--always", "--dirty", "--abbrev=7"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-        ).stdout.strip(),
+        "tree": tree,
         "tests": list(target.tests),
         "killed": stats["killed"],
         "survived": stats["survived"],
