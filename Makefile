@@ -24,11 +24,14 @@ LOCK := deploy/requirements.lock
 # (systemd-analyze, in systemd), the monitoring kit (promtool, in prometheus) and
 # the status page in a real browser (chromium), the user data checked against
 # cloud-init's own schema (cloud-init); gcc and python3-dev compile the hot
-# modules (hatch_build.py), valgrind counts instructions (make
-# bench-edge-logic ARGS=--instructions).
+# modules (hatch_build.py), libnghttp2-dev is what the HTTP/2 binding
+# (edge/h2_nghttp2.pyx) links: Debian's library, not a vendored copy, so that
+# Debian's security updates of it (three since 1.52.0: rapid reset,
+# CONTINUATION flood, CVE-2026-27135) reach the edge without a geoedge
+# release; valgrind counts instructions (make bench-edge-logic ARGS=--instructions).
 APT_PACKAGES := haproxy wrk iptables iproute2 libnetfilter-queue-dev gcc python3-dev \
 	systemd wireguard-go wireguard-tools curl nghttp2-client prometheus chromium cloud-init \
-	valgrind nginx-light
+	valgrind nginx-light libnghttp2-dev
 
 # Redone when this file changes (the package list may have grown); cheap when
 # everything is there already.
@@ -64,7 +67,7 @@ $(STAMPS)/py-load: $(STAMPS)/py-test $(STAMPS)/extensions
 # The compiled modules (tunnel/build_mode.py, hatch_build.py), built in place
 # beside their sources; again when a source changes (only what changed is
 # compiled: build/cython keeps Cython's output). GEOEDGE_NO_EXTENSIONS=1 skips it.
-COMPILED_SOURCES := $(wildcard tunnel/*/*.py tunnel/*/*.pxd edge/*.py edge/*.pxd \
+COMPILED_SOURCES := $(wildcard tunnel/*/*.py tunnel/*/*.pxd edge/*.py edge/*.pxd edge/*.pyx \
 	edge/*/*.py edge/*/*.pxd origin/*.py origin/*.pxd) tunnel/build_mode.py hatch_build.py
 $(STAMPS)/extensions: $(STAMPS)/py-test $(COMPILED_SOURCES)
 	$(PY) hatch_build.py
@@ -140,14 +143,18 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# The sans-I/O tests (CPU-bound, no wall clock) on every core with pytest-xdist;
+# then the rest, which start real processes and read clocks, one at a time.
+SANS_IO_TESTS := tests/unit tests/property tests/fuzz
 test: venv node lint tools
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n auto $(SANS_IO_TESTS)
+	$(VENV)/bin/pytest -q $(foreach d,$(SANS_IO_TESTS),--ignore=$(d))
 
 # The wheel from its lock file under every other CPython 3.11+ this machine has
-# (3.12, 3.13 via pyenv here; skipped, saying so, where there is none). Part of
-# `make test` too.
+# (3.12, 3.13 via pyenv here; skipped, saying so, where there is none). `make
+# test` runs the 3.12 case only (Ubuntu 24.04's Python; CI's time is bounded).
 test-platforms: venv
-	$(VENV)/bin/pytest -q tests/integration/test_platforms.py
+	GEOEDGE_TEST_PYTHONS=3.12,3.13 $(VENV)/bin/pytest -q tests/integration/test_platforms.py
 
 # How many deliberate bugs the suite lets through (mutmut on tunnel/mux, edge/http1,
 # origin/balancer.py; tests/mutation_check.py). On demand, not in CI: it takes hours.
@@ -189,7 +196,7 @@ bench-tunnel: venv
 	$(PY) -m loadtests.bench_tunnel
 
 bench-edge: $(STAMPS)/py-load node
-	$(PY) -m loadtests.bench_edge
+	$(PY) -m loadtests.bench_edge $(ARGS)
 
 bench-keepalive-race: $(STAMPS)/py-load node
 	$(PY) -m loadtests.keepalive_race

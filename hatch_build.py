@@ -57,20 +57,61 @@ def compiled_modules(root: Path) -> tuple[str, ...]:
     raise RuntimeError("tunnel/build_mode.py names no COMPILED_MODULES")
 
 
+def bindings(root: Path) -> dict[str, tuple[str, ...]]:
+    """``BINDINGS`` as written in ``tunnel/build_mode.py``: module -> libraries."""
+    tree = ast.parse((root / "tunnel" / "build_mode.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "BINDINGS":
+            assert node.value is not None
+            found: dict[str, tuple[str, ...]] = ast.literal_eval(node.value)
+            return found
+    raise RuntimeError("tunnel/build_mode.py names no BINDINGS")
+
+
+# No debug information (a third of the compile time, smaller wheels); GCC 12
+# warns of array bounds in code Cython generates for every int operation.
+FLAGS = ["-g0", "-Wno-array-bounds"]
+
+
 def build_extensions(root: Path) -> list[Path]:
     """Compile every extension in place, beside its source (only what changed
-    since the last build); returns the files, relative to ``root``."""
-    from Cython.Build import cythonize
-    from setuptools import Distribution, Extension
-    from setuptools.command.build_ext import build_ext
+    since the last build), then each binding (:func:`build_bindings`);
+    returns the files, relative to ``root``."""
+    from setuptools import Extension
 
-    # No debug information (a third of the compile time, smaller wheels); GCC 12
-    # warns of array bounds in code Cython generates for every int operation.
-    flags = ["-g0", "-Wno-array-bounds"]
     sources = [
-        Extension(name, [str(Path(*name.split(".")).with_suffix(".py"))], extra_compile_args=flags)
+        Extension(name, [str(Path(*name.split(".")).with_suffix(".py"))], extra_compile_args=FLAGS)
         for name in compiled_modules(root)
     ]
+    return _compile(root, sources) + build_bindings(root)
+
+
+def build_bindings(root: Path) -> list[Path]:
+    """Compile each binding to a C library (``BINDINGS``) on its own: one that
+    fails (the library's headers are not installed) is left out with one
+    line on stderr, and what uses it takes its pure-Python way."""
+    from setuptools import Extension
+
+    built: list[Path] = []
+    for name, libraries in bindings(root).items():
+        source = str(Path(*name.split(".")).with_suffix(".pyx"))
+        extension = Extension(name, [source], libraries=list(libraries), extra_compile_args=FLAGS)
+        try:
+            built += _compile(root, [extension])
+        except Exception as exc:
+            print(
+                f"geoedge: the binding {name} was not built ({type(exc).__name__}: {exc}); "
+                f"install the headers of {', '.join('lib' + lib for lib in libraries)} for it",
+                file=sys.stderr,
+            )
+    return built
+
+
+def _compile(root: Path, sources: list[Any]) -> list[Path]:
+    from Cython.Build import cythonize
+    from setuptools import Distribution
+    from setuptools.command.build_ext import build_ext
+
     scratch = root / "build" / "cython"
     modules = cythonize(
         sources,

@@ -23,6 +23,7 @@ import uvloop
 from edge.acme_store import AcmeStore
 from edge.config import EdgeConfig
 from edge.daemon import EdgeDaemon
+from edge.h2_engine import EngineUnavailable, resolve_engine
 from edge.tls import CertificateStore, TlsConfigError
 from geoedge.config import ConfigError, load_config
 from geoedge.daemon_cli import daemon_parser, parse_daemon_args, report, run_check, run_reload
@@ -73,6 +74,10 @@ def preflight(path: str, *, service_gid: int | None) -> tuple[EdgeConfig, Certif
     :class:`ConfigError`, :class:`PreflightError`, :class:`TlsConfigError` or
     :class:`TunnelTlsError`, each naming the file or the setting."""
     config = load_config(path, EdgeConfig)
+    try:  # here, not at the first HTTP/2 connection
+        resolve_engine(config.http.h2_engine)
+    except EngineUnavailable as exc:
+        raise PreflightError([f"[http] {exc}"]) from exc
     check_files(edge_files(config), service_gid=service_gid)
     certificates = CertificateStore(
         config.tls,

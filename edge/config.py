@@ -21,6 +21,8 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 #: What a listener expects first: the versions the origin sends (its
 #: ``ProxyProtocolMode``), and ``any`` for either.
 ProxyProtocolExpected = Literal["off", "v1", "v2", "any"]
+#: ``[http] h2_engine``: edge.h2_engine.CHOICES.
+H2Engine = Literal["auto", "nghttp2", "h2"]
 
 #: Mozilla "intermediate" TLS 1.2 ciphers (TLS 1.3 suites are OpenSSL's defaults).
 MOZILLA_INTERMEDIATE_CIPHERS = (
@@ -241,6 +243,14 @@ class HttpConfig:
     own deadlines too (docs/operations.md, "Long polls")."""
     h2_max_concurrent_streams: int = 100
     """Requests an HTTP/2 client may have open at once on one connection."""
+    h2_engine: H2Engine = "auto"
+    """What runs HTTP/2 with the clients: ``"nghttp2"`` (libnghttp2, in C,
+    through geoedge's binding: built by ``pip install`` or ``make venv`` where
+    libnghttp2's headers are, ``libnghttp2-dev`` on Debian), ``"h2"`` (the
+    pure-Python ``h2`` library), or ``"auto"``: nghttp2 when the binding is
+    built, else h2. Both behave the same to clients (docs/http2.md); the
+    start-up line (and a reload's) says which runs. Naming one that cannot
+    run here stops the edge at start-up (and ``--check`` refuses it)."""
     websocket_idle_timeout_s: float = 3600.0
     """Upgraded connections with no traffic either way are closed after this."""
     tunnel_wait_s: float = 5.0

@@ -46,6 +46,7 @@ from aiohttp import web
 
 from edge.acme_status import HeldCertificates
 from edge.config import EdgeConfig, ListenerConfig
+from edge.h2_engine import engine_description, resolve_engine
 from edge.status import EdgeStatus
 from edge.tls import CertificateStore
 from edge.worker import EdgeWorker
@@ -208,11 +209,12 @@ class EdgeDaemon:
                 raise ListenError("[admin] address", config.admin.address, exc) from None
             self.reloader.start(control_sock)
             log.info(
-                "edge %s %s %s with %d worker(s), geoedge %s",
+                "edge %s %s %s with %d worker(s), HTTP/2 on %s, geoedge %s",
                 config.edge.id,
                 "reloaded: serving" if inherited is not None else "serving",
                 ", ".join(x.address for x in config.listeners),
                 supervisor.target,
+                engine_description(resolve_engine(config.http.h2_engine)),
                 version_line(),
             )
             loop = asyncio.get_running_loop()
@@ -264,7 +266,11 @@ class EdgeDaemon:
 
     def _describe(self) -> str:
         assert self.supervisor is not None
-        return f"version {running_version()}, {self.supervisor.target} new worker(s) serving"
+        engine = engine_description(resolve_engine(self.config.http.h2_engine))
+        return (
+            f"version {running_version()}, HTTP/2 on {engine}, "
+            f"{self.supervisor.target} new worker(s) serving"
+        )
 
     def _handover(self, replies: list[int], requested_at: float) -> Inheritance:
         return handover_record(

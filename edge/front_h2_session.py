@@ -1,10 +1,11 @@
-"""What the streams of one HTTP/2 client connection share: the ``h2`` state
-machine, the table of open streams, the flood counts, the connection's
+"""What the streams of one HTTP/2 client connection share: the HTTP/2 state
+machine (of the engine :mod:`edge.h2_engine` chose: libnghttp2's or
+``h2``'s), the table of open streams, the flood counts, the connection's
 output and its end.
 
 The connection (:class:`edge.front_h2.Http2Connection`) reads the client and
 starts streams; each stream (:class:`edge.front_h2_stream.ClientStream`)
-answers its exchange; both queue frames in the one ``h2`` machine and write
+answers its exchange; both queue frames in the one HTTP/2 machine and write
 them through the :class:`H2Session`, which batches them into as few writes
 as it can and counts every octet for the access log (:mod:`edge.ledger`).
 """
@@ -15,18 +16,13 @@ import asyncio
 import logging
 import time
 
-import h2.config
-import h2.connection
 import h2.errors
 import h2.exceptions
-import h2.settings
 import hyperframe.frame
 
 from edge.exchange import RequestRecord
 from edge.front_h2_stream import ClientStream
-from edge.h2_connection import EdgeH2Connection, release_h2
-from edge.h2_decoder import RequestHeadDecoder
-from edge.h2_encoder import StaticTableEncoder
+from edge.h2_engine import new_server_connection, release_connection, resolve_engine
 from edge.h2_floods import FloodCounters
 from edge.ledger import OutputLedger
 from edge.services import EdgeServices
@@ -42,7 +38,7 @@ CONNECTION_WINDOW = 4 * 1024 * 1024
 
 
 class H2Session:
-    """One HTTP/2 client connection's ``h2`` machine, open streams and output.
+    """One HTTP/2 client connection's state machine (``conn``), open streams and output.
 
     Invariants:
 
@@ -67,6 +63,7 @@ class H2Session:
         "client_ip",
         "closing",
         "conn",
+        "engine",
         "floods",
         "flush_soon",
         "going_away",
@@ -82,36 +79,13 @@ class H2Session:
         self.services = services
         self.hsts = services.hsts_field
         self.ledger = ledger
-        # What a client sends is checked by edge.h2_fields (RFC 9113 §8.2, the
-        # same verdicts as h2's inbound pass at a fifth of the cost) before it is
-        # translated, which joins the cookies. What we send is built lowercase,
-        # without connection-specific fields, from heads our HTTP/1.1 reader
-        # accepted (edge.h2_translate), so h2's outbound pass would only check
-        # our own work, at ~5 us a head.
-        config = h2.config.H2Configuration(
-            client_side=False,
-            header_encoding=None,
-            validate_inbound_headers=False,
-            normalize_inbound_headers=False,
-            validate_outbound_headers=False,
-            normalize_outbound_headers=False,
+        self.engine = engine = resolve_engine(services.http.h2_engine)
+        self.conn = new_server_connection(
+            engine,
+            max_concurrent_streams=services.http.h2_max_concurrent_streams,
+            max_header_list_size=services.http_limits.max_header_bytes,
+            stream_window=STREAM_WINDOW,
         )
-        conn: h2.connection.H2Connection = EdgeH2Connection(config=config)
-        conn.encoder = StaticTableEncoder()
-        conn.decoder = RequestHeadDecoder()
-        codes = h2.settings.SettingCodes
-        max_header_bytes = services.http_limits.max_header_bytes
-        conn.local_settings = h2.settings.Settings(
-            client=False,
-            initial_values={
-                codes.MAX_CONCURRENT_STREAMS: services.http.h2_max_concurrent_streams,
-                codes.MAX_HEADER_LIST_SIZE: max_header_bytes,
-                codes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
-                codes.ENABLE_CONNECT_PROTOCOL: 1,
-            },
-        )
-        conn.decoder.max_header_list_size = max_header_bytes
-        self.conn = conn
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, ClientStream] = {}
         self.batching = 0
@@ -133,7 +107,7 @@ class H2Session:
     # -- output -----------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Write what ``h2`` has queued, unless writes are being batched."""
+        """Write what the connection has queued, unless writes are being batched."""
         if self.batching:
             return
         data = self.conn.data_to_send()
@@ -170,9 +144,9 @@ class H2Session:
         """GOAWAY(NO_ERROR) once: the streams open finish, new ones are refused
         (REFUSED_STREAM, safe to retry: RFC 9113 §6.8); closes when done.
 
-        The frame is written here, not with ``H2Connection.close_connection``:
-        h2's state machine treats a sent GOAWAY as the end of the connection
-        and would refuse the responses of the streams still open."""
+        The frame is written here, not with ``close_connection``: both
+        engines treat a GOAWAY they send as the end of the connection and
+        would refuse the responses of the streams still open."""
         if not self.going_away:
             self.going_away = True
             self.flush()
@@ -218,4 +192,4 @@ class H2Session:
                 stream.exchange.cancel("client_closed")
         self.streams.clear()
         self.ledger.settle(final=True)
-        release_h2(self.conn)
+        release_connection(self.conn)

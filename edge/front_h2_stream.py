@@ -26,11 +26,11 @@ import time
 from collections import deque
 from typing import Protocol
 
-import h2.connection
 import h2.errors
 import h2.exceptions
 
 from edge.exchange import Exchange, RequestRecord
+from edge.h2_engine import ServerConnection
 from edge.h2_translate import response_fields, response_trailers
 from edge.http1 import RequestReader, ResponseHeadReceived
 from edge.http1.events import Headers
@@ -49,7 +49,7 @@ _SEND_FAILED = (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError)
 class StreamHost(Protocol):
     """What a stream uses of its connection (:class:`edge.front_h2_session.H2Session`)."""
 
-    conn: h2.connection.H2Connection
+    conn: ServerConnection
     ledger: OutputLedger[RequestRecord]
     hsts: bytes | None
     batching: int

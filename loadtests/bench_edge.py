@@ -27,7 +27,8 @@ Figures (``loadtests/results/edge.json``, and a table on stdout):
   ``haproxy_``...): microseconds of CPU per request at each hop (edge, origin,
   Node.js; HAProxy, Node.js), from ``/proc``, the median run;
   ``environment.build`` says which build of geoedge ran (compiled or pure
-  Python, :mod:`tunnel.build_mode`).
+  Python, :mod:`tunnel.build_mode`), ``environment.h2_engine`` which HTTP/2
+  engine the edge ran (``--h2-engine``; :mod:`edge.h2_engine`).
 
 Targets (issue 26): handshakes >= 0.9x HAProxy, keep-alive >= 0.42x, h2 >= 0.3x,
 added latency p50 <= 0.3 ms, <= 25 KiB per WebSocket, per keep-alive request
@@ -59,6 +60,7 @@ from typing import Any
 
 import uvloop
 
+from edge.h2_engine import CHOICES, engine_description, resolve_engine
 from loadtests import bench_cache, edge_clients, edge_stack
 from loadtests.edge_report import CHAINS, TARGETS, summarize, table, warnings
 from loadtests.edge_stack import CLIENT_CPU, Stack, busy_share, cpu_busy, tree_cpu_seconds
@@ -330,14 +332,14 @@ def prepare_process() -> None:
 
 
 def run(
-    settings: Settings, workdir: Path, handshake_client: str
+    settings: Settings, workdir: Path, handshake_client: str, h2_engine: str = "auto"
 ) -> tuple[dict[str, Any], list[str]]:
     log: list[str] = []
     # Built (once) before this process is pinned to one CPU.
     client = go_client(log) if handshake_client == "auto" else None
     if (os.cpu_count() or 1) > CLIENT_CPU:
         os.sched_setaffinity(0, {CLIENT_CPU})  # the servers get CPU 0 through taskset
-    stack = Stack(workdir)
+    stack = Stack(workdir, h2_engine)
     try:
         stack.start()
         started = time.monotonic()
@@ -378,6 +380,12 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="auto: the Go client when a Go toolchain is there, else the Python one",
     )
+    parser.add_argument(
+        "--h2-engine",
+        choices=CHOICES,
+        default="auto",
+        help="the edge's [http] h2_engine (auto: nghttp2 where its binding is built)",
+    )
     args = parser.parse_args(argv)
     problems = preflight()
     if problems:
@@ -389,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     try:
         with tempfile.TemporaryDirectory(prefix="bench-edge-") as tmp:
-            details, log = run(settings, Path(tmp), args.handshake_client)
+            details, log = run(settings, Path(tmp), args.handshake_client, args.h2_engine)
     except KeyboardInterrupt:
         print("bench-edge: interrupted; servers stopped", file=sys.stderr)
         return 130
@@ -411,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
             "cpus": os.cpu_count(),
             "build": build_mode(),
+            "h2_engine": engine_description(resolve_engine(args.h2_engine)),
             "haproxy": haproxy_version(),
             "handshake_client": details["handshakes"]["client"],
             "settings": asdict(settings),

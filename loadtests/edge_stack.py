@@ -150,10 +150,11 @@ def quiet_edge_toml(
     tunnel_port: int,
     drain_timeout_s: float,
     max_connections: int,
+    h2_engine: str = "auto",
 ) -> str:
     """The load tests' edge: one worker, no access log, defaults otherwise, but
     for the connection caps, the one per address included (every load test
-    client is 127.0.0.1)."""
+    client is 127.0.0.1), and the HTTP/2 engine (``[http] h2_engine``)."""
     return devstack.edge_toml(
         keys,
         edge_id=keys.edge_id,
@@ -166,6 +167,7 @@ def quiet_edge_toml(
             "max_connections": max_connections,
             "max_connections_per_client_ip": max_connections,
         },
+        extra="" if h2_engine == "auto" else f'[http]\nh2_engine = "{h2_engine}"\n',
     )
 
 
@@ -197,7 +199,7 @@ def quiet_origin_toml(
     )
 
 
-def edge_toml(keys: DevPki, ports: Ports) -> str:
+def edge_toml(keys: DevPki, ports: Ports, h2_engine: str = "auto") -> str:
     """HAProxy logs nothing either."""
     return quiet_edge_toml(
         keys,
@@ -206,6 +208,7 @@ def edge_toml(keys: DevPki, ports: Ports) -> str:
         tunnel_port=ports.tunnel,
         drain_timeout_s=1.0,
         max_connections=100000,
+        h2_engine=h2_engine,
     )
 
 
@@ -266,8 +269,9 @@ class Stack:
     fork) by PID: SIGTERM, then SIGKILL after a grace period. It is idempotent.
     """
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, h2_engine: str = "auto") -> None:
         self.workdir = workdir
+        self.h2_engine = h2_engine
         self.ports = Ports()
         self.keys = make_pki(workdir / "pki")
         self.haproxy_pem = combined_pem(self.keys, workdir / "pki" / "server-combined.pem")
@@ -280,7 +284,7 @@ class Stack:
         node = self._spawn("node", ["node", str(NODE_APP), str(self.ports.node)])
         wait_port(self.ports.node, deadline, node, self.log("node"))
         (self.workdir / "origin.toml").write_text(origin_toml(self.keys, self.ports))
-        (self.workdir / "edge.toml").write_text(edge_toml(self.keys, self.ports))
+        (self.workdir / "edge.toml").write_text(edge_toml(self.keys, self.ports, self.h2_engine))
         (self.workdir / "haproxy.cfg").write_text(haproxy_cfg(self.haproxy_pem, self.ports))
         python = [sys.executable, "-m"]
         origin_argv = [*python, "origin", "--config", str(self.workdir / "origin.toml")]

@@ -1,11 +1,12 @@
-"""Shared fixtures: a throwaway PKI, an event-loop runner on uvloop, and a
-timeout scale that a slow CI can raise (GEOEDGE_TEST_TIMEOUT_SCALE=2)."""
+"""Shared fixtures: a throwaway PKI, an event-loop runner on uvloop, a
+timeout scale that a slow CI can raise (GEOEDGE_TEST_TIMEOUT_SCALE=2), and
+each HTTP/2 engine in turn (``h2_engine``, tests/h2_engines.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -14,7 +15,11 @@ import pytest
 import uvloop
 
 from geoedge import pki
-from tests import example_budget  # noqa: F401  (registers and loads the Hypothesis profile)
+from tests import (
+    edge_fakes,
+    example_budget,  # noqa: F401  (registers and loads the Hypothesis profile)
+)
+from tests.h2_engines import H2_ENGINES
 
 #: The skip policy (a skip on CI fails unless allow-listed) and pytester, which
 #: the policy's own test uses to run a small suite of its own.
@@ -51,6 +56,17 @@ class PkiFiles:
     rogue_edge: pki.CertPaths
     impostor_origin: pki.CertPaths
     """Our CA, the origin's identity and names, but the *edge* role."""
+
+
+@pytest.fixture(params=H2_ENGINES)
+def h2_engine(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each HTTP/2 engine in turn: the engine the test's FakeServices configure."""
+    engine: str = request.param
+    edge_fakes.h2_engine_under_test = engine
+    try:
+        yield engine
+    finally:
+        edge_fakes.h2_engine_under_test = "auto"
 
 
 @pytest.fixture(scope="session")

@@ -127,6 +127,15 @@ class FakeStream(asyncio.Transport):
         self.protocol.connection_lost(StreamResetError(code, remote=True))
 
 
+#: The HTTP/2 engine a FakeServices made now configures (tests.h2_engines;
+#: the ``h2_engine`` fixture sets it for the length of a test).
+h2_engine_under_test = "auto"
+
+
+def _http_config() -> HttpConfig:
+    return HttpConfig(h2_engine=h2_engine_under_test)
+
+
 @dataclass
 class FakeServices:
     """The worker: streams on demand (or none: no tunnel), logs kept."""
@@ -134,7 +143,7 @@ class FakeServices:
     tunnel_up: bool = True
     draining: bool = False
     edge_id: str = "edge-test"
-    http: HttpConfig = field(default_factory=HttpConfig)
+    http: HttpConfig = field(default_factory=_http_config)
     http_limits: HttpLimits = field(default_factory=HttpLimits)
     tunnel_wait_s: float = 5.0
     cache: Any = None  # edge.cache.EdgeCache, or None: neither cache nor compression

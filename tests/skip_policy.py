@@ -8,7 +8,9 @@ reason, unless the test's id matches an entry of
 :data:`tests.skip_allowlist.ALLOWED_SKIPS`. ``xfail`` is not a skip.
 
 Every run, CI or not, ends with the list of what skipped and why, and the
-allow-list itself, so a reader of the log sees what was not tested.
+allow-list itself, so a reader of the log sees what was not tested. Reports
+are judged where the test runs and listed where they are logged, so that under
+pytest-xdist (``-n``) the controller lists what its workers skipped.
 """
 
 from __future__ import annotations
@@ -43,24 +45,41 @@ def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
     return str(longrepr)
 
 
+#: How a skip turned failure begins; the listing reads the reason back from it.
+_FAILED_SKIP = "skipped on CI but not on the allow-list (tests/skip_allowlist.py): "
+_FAILED_SKIP_ADVICE = (
+    "\nInstall what the test needs in `make test`, or list it with the reason "
+    "it cannot run on this kind of machine."
+)
+
+
 class SkipPolicy:
     def __init__(self, strict: bool) -> None:
         self.strict = strict
         self.skipped: list[tuple[str, str, str | None]] = []  # nodeid, reason, allowed by
 
     def _judge(self, report: pytest.TestReport | pytest.CollectReport) -> None:
+        """Where the test ran: on CI an unlisted skip becomes a failure."""
         if not report.skipped or hasattr(report, "wasxfail"):
             return
-        reason = _skip_reason(report)
-        allowed = allowed_reason(report.nodeid)
-        self.skipped.append((report.nodeid, reason, allowed))
-        if self.strict and allowed is None:
+        if self.strict and allowed_reason(report.nodeid) is None:
             report.outcome = "failed"
-            report.longrepr = (
-                f"skipped on CI but not on the allow-list (tests/skip_allowlist.py): {reason}\n"
-                "Install what the test needs in `make test`, or list it with the reason "
-                "it cannot run on this kind of machine."
-            )
+            report.longrepr = _FAILED_SKIP + _skip_reason(report) + _FAILED_SKIP_ADVICE
+
+    def _list(self, report: pytest.TestReport | pytest.CollectReport) -> None:
+        """Where the report is logged (the controller, under xdist): remember it."""
+        if report.skipped and not hasattr(report, "wasxfail"):
+            reason = _skip_reason(report)
+            self.skipped.append((report.nodeid, reason, allowed_reason(report.nodeid)))
+        elif report.failed and str(report.longrepr).startswith(_FAILED_SKIP):
+            reason = str(report.longrepr).removeprefix(_FAILED_SKIP)
+            self.skipped.append((report.nodeid, reason.removesuffix(_FAILED_SKIP_ADVICE), None))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self._list(report)
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        self._list(report)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(

@@ -43,10 +43,12 @@ from pathlib import Path
 from types import ModuleType
 
 __all__ = [
+    "BINDINGS",
     "COMPILED_MODULES",
     "NO_EXTENSIONS_VARIABLE",
     "build_mode",
     "extensions_disabled",
+    "load_binding",
     "load_pure",
 ]
 
@@ -83,6 +85,13 @@ COMPILED_MODULES: tuple[str, ...] = (
     "origin.forward",
     "origin.dispatch",
 )
+
+#: Cython bindings to C libraries (``.pyx``): module -> the system libraries
+#: it links. Each is optional on its own, outside the all-or-nothing rule of
+#: the list above: a machine without a library's headers builds the rest, and
+#: the code that uses a binding has a pure-Python way to do the same
+#: (:func:`load_binding`; :mod:`edge.h2_engine` for ``edge.h2_nghttp2``).
+BINDINGS: dict[str, tuple[str, ...]] = {"edge.h2_nghttp2": ("nghttp2",)}
 
 NO_EXTENSIONS_VARIABLE = "GEOEDGE_NO_EXTENSIONS"
 ROOT = Path(__file__).resolve().parent.parent  # the folder holding tunnel/, edge/, origin/
@@ -178,6 +187,30 @@ if FALLBACK_REASON is not None:
 def build_mode() -> str:
     """``"compiled"`` when the listed modules run as extensions, else ``"pure Python"``."""
     return _MODE
+
+
+def load_binding(module: str) -> tuple[ModuleType | None, str]:
+    """(the binding ``module``, one of :data:`BINDINGS`, or None; why not).
+    None when pure Python is asked for, when it is not built, when it is
+    older than its ``.pyx`` or the ``lib<library>.pxd`` beside it (a
+    checkout edited since ``make venv``), or when it does not load (its
+    library missing at run time)."""
+    if extensions_disabled():
+        return None, f"{NO_EXTENSIONS_VARIABLE} is set"
+    source = source_path(module).with_suffix(".pyx")
+    built = extension_path(module)
+    if built is None:
+        libraries = ", ".join(f"lib{name}" for name in BINDINGS[module])
+        return None, f"{module} is not built (make venv, with {libraries} and its headers)"
+    if CHECKOUT and source.exists():
+        inputs = [source, *(source.with_name(f"lib{name}.pxd") for name in BINDINGS[module])]
+        built_at = built.stat().st_mtime
+        if any(path.exists() and path.stat().st_mtime > built_at for path in inputs):
+            return None, f"{module} is older than its source (make venv builds it again)"
+    try:
+        return importlib.import_module(module), ""
+    except ImportError as exc:
+        return None, f"{module} does not load: {exc}"
 
 
 def load_pure(module: str) -> ModuleType:

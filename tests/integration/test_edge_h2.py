@@ -22,9 +22,11 @@ import h2.errors
 import h2.settings
 import pytest
 
+from edge.h2_engine import engine_description
 from tests.conftest import PkiFiles, scaled
 from tests.edge_env import Stack, edge_stack, node_available
 from tests.h2_client import H2Client, H2Response
+from tests.h2_engines import H2_ENGINES
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.skipif(not node_available(), reason="npm ci the sample app first")
@@ -55,6 +57,16 @@ def still_serving(stack: Stack) -> None:
         assert response.status == 200
     finally:
         c.close()
+
+
+def test_the_start_up_line_says_which_http2_engine_runs(stack: Stack) -> None:
+    """nghttp2 wherever this run has built it (``"auto"``), else h2, with the
+    library's version."""
+    engine = engine_description(H2_ENGINES[0])
+    lines = stack.log.read_text(errors="replace").splitlines()
+    serving = [line for line in lines if " serving " in line and "worker(s)" in line]
+    assert serving, lines[-20:]
+    assert f"HTTP/2 on {engine}, geoedge" in serving[0]
 
 
 # -- requests ---------------------------------------------------------------------

@@ -250,9 +250,13 @@ def test_an_origin_killed_under_a_keepalive_request_gives_an_answer_not_a_close(
 ) -> None:
     """The second request of a keep-alive connection, in flight when the origin
     dies, used to get a bare close and a 499 in the access log. A POST gets a
-    502 (the origin's fault; it may have run). A GET is replayed, and a replay
-    waits for a tunnel as a new request does: with the only origin dead, none
-    comes within ``tunnel_wait_s``, so it gets the 503 a new request would."""
+    502 (the origin's fault; it may have run). A GET is replayed, once, and a
+    replay waits for a tunnel as a new request does: with the only origin dead,
+    none comes within ``tunnel_wait_s``, so it gets the 503 a new request would.
+    Unless the edge's other tunnel connection to that origin (it keeps two) is
+    not yet known dead when the replay leaves: the replay goes on it, breaks
+    with it, and gets the 502 of a second failure. Which of the two depends on
+    the order the kernel reports the connections' ends, not on the edge."""
     with tls_connect(stack.https_port, stack.pki) as tls:
         tls.sendall(b"GET /ip HTTP/1.1\r\nHost: x\r\n\r\n")
         assert read_response(tls)[0] == 200
@@ -262,12 +266,19 @@ def test_an_origin_killed_under_a_keepalive_request_gives_an_answer_not_a_close(
             lambda: stack.origin_count("geoedge_origin_streams_total") > streams,
             "the request never reached Node",
         )
+        replayed = stack.edge_count("geoedge_edge_errors_total", 'reason="replayed"')
         kill_origin(stack)
         status, _, body, _ = read_response(tls)
-    expected = (503, "no_tunnel") if request_bytes.startswith(b"GET") else (502, "upstream_reset")
-    assert status == expected[0], body
     line = wait_access_line(stack.log, HELD)
-    assert (line["status"], line["outcome"]) == expected
+    assert line["status"] == status, body
+    if request_bytes.startswith(b"GET"):
+        assert (status, line["outcome"]) in {(503, "no_tunnel"), (502, "upstream_reset")}, body
+        wait_until(  # the replay happened, either way
+            lambda: stack.edge_count("geoedge_edge_errors_total", 'reason="replayed"') > replayed,
+            "the GET was not replayed",
+        )
+    else:
+        assert (status, line["outcome"]) == (502, "upstream_reset"), body
 
 
 def test_an_origin_killed_mid_response_closes_and_logs_the_upstream(stack: Stack) -> None:

@@ -9,16 +9,14 @@ import ast
 import importlib
 import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from geoedge.cli import main as geoedge_main
-from tests.compiled import compiler_available, expected_build_mode
+from tests.compiled import compiler_available, copy_checkout, expected_build_mode, run_in_checkout
 from tunnel.build_mode import (
+    BINDINGS,
     COMPILED_MODULES,
     NO_EXTENSIONS_VARIABLE,
     build_mode,
@@ -39,18 +37,7 @@ def _probe(cwd: Path, **env: str) -> tuple[str, dict[str, str], str]:
     importing the packages found in ``cwd``."""
     import json
 
-    environ = {
-        k: v for k, v in os.environ.items() if k not in {NO_EXTENSIONS_VARIABLE, "PYTHONPATH"}
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", PROBE],
-        cwd=cwd,
-        env=environ | {"PYTHONPATH": str(cwd)} | env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    result = run_in_checkout(cwd, PROBE, **env)
     mode, files = json.loads(result.stdout)
     return mode, files, result.stderr
 
@@ -84,12 +71,7 @@ def built_copy(tmp_path: Path) -> Path:
     if missing and not compiler_available():
         pytest.skip("no C compiler on this machine: nothing was compiled")
     assert not missing, f"no extension for {missing}: make venv"
-    for package in ("tunnel", "edge", "origin"):
-        shutil.copytree(
-            ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
-        )
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")  # a checkout
-    return tmp_path
+    return copy_checkout(tmp_path)
 
 
 def _edit_after_build(source: Path) -> None:
@@ -172,8 +154,13 @@ def _slots(source: Path) -> dict[str, set[str]]:
     return found
 
 
+#: The .pxd files declaring a C library's API for a binding (lib<name>.pxd): no module's types.
+LIBRARY_PXDS = {f"lib{library}.pxd" for libraries in BINDINGS.values() for library in libraries}
 PXDS = sorted(
-    p for package in ("tunnel", "edge", "origin") for p in (ROOT / package).rglob("*.pxd")
+    p
+    for package in ("tunnel", "edge", "origin")
+    for p in (ROOT / package).rglob("*.pxd")
+    if p.name not in LIBRARY_PXDS
 )
 
 

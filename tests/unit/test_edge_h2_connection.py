@@ -1,5 +1,6 @@
 """The edge's HTTP/2 front end on fake transports: frames a real h2 client
-reads, for responses delivered the way the tunnel delivers them."""
+reads, for responses delivered the way the tunnel delivers them; every test
+on each HTTP/2 engine (tests/h2_engines.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from edge.front_h2 import Http2Connection
 from edge.h2_floods import LIMITS
 from tests.conftest import run_async
 from tests.edge_fakes import FakeClientTransport, FakeServices, FakeStream
+
+pytestmark = pytest.mark.usefixtures("h2_engine")
 
 REQUEST = [(b":method", b"GET"), (b":path", b"/a"), (b":scheme", b"https"), (b":authority", b"e")]
 SMALL = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello"

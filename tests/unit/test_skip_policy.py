@@ -28,7 +28,10 @@ def test_expected_failure():
 
 
 def _run(
-    pytester: pytest.Pytester, ci: str | None, allow: dict[str, str] | None = None
+    pytester: pytest.Pytester,
+    ci: str | None,
+    allow: dict[str, str] | None = None,
+    *args: str,
 ) -> pytest.RunResult:
     pytester.makeconftest(
         "from tests.skip_allowlist import ALLOWED_SKIPS\n"
@@ -40,7 +43,7 @@ def _run(
         pytester._monkeypatch.delenv("CI", raising=False)
     else:
         pytester._monkeypatch.setenv("CI", ci)
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
 
 
 def test_outside_ci_a_skip_is_a_skip_and_is_listed(pytester: pytest.Pytester) -> None:
@@ -71,6 +74,18 @@ def test_on_ci_an_allowed_skip_stays_a_skip(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1, skipped=2, xfailed=1)
     assert "[allowed: needs a frobnicator]" in result.stdout.str()
     assert result.ret == 0
+
+
+def test_under_xdist_the_controller_lists_what_its_workers_skipped(
+    pytester: pytest.Pytester,
+) -> None:
+    """``.ci/run`` runs the sans-I/O tests with ``-n 2``: the list must not come out empty."""
+    result = _run(pytester, "true", {"*::test_marked": "none here"}, "-n", "2")
+    result.assert_outcomes(passed=1, failed=1, skipped=1, xfailed=1)
+    out = result.stdout.str()
+    assert "2 skipped (CI: a skip off the allow-list fails)" in out
+    assert "test_sample.py::test_marked: no frobnicator here [allowed: none here]" in out
+    assert "test_sample.py::test_called: the tool is missing [NOT on the allow-list]" in out
 
 
 def test_allow_list_patterns_match_node_ids() -> None:
