@@ -158,6 +158,8 @@ test-platforms: venv
 
 # How many deliberate bugs the suite lets through (mutmut on tunnel/mux, edge/http1,
 # origin/balancer.py; tests/mutation_check.py). On demand, not in CI: it takes hours.
+# One target, or a fixed subset of its files: make mutation MUTATION_ARGS='edge/http1
+# --only edge/http1/request.py' (--tree DIR: the same on another checkout).
 $(STAMPS)/py-mutation: $(STAMPS)/py-test
 	$(PY) -m pip install -q -e '.[test,load,mutation]'
 	@touch $@

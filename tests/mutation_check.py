@@ -17,6 +17,13 @@ Prints, per target, killed / survived / not covered and the surviving rate
 ((survived + not covered) / total), and writes them with every survivor's
 diff to ``loadtests/results/mutation.json`` (``--output``). README.md quotes
 the rates; a survivor worth a test gets one (see that file's history).
+
+A fixed subset (``--only edge/http1/chunked.py``, a glob per file, repeatable)
+keeps the long targets to a size that runs in an afternoon; ``--tree`` runs the
+same target on another checkout (a worktree of an older commit: the suite
+before a change), so a before and an after figure count the same mutants when
+the mutated files are the same in both trees. The subset is part of the
+figure's name in the results file.
 """
 
 from __future__ import annotations
@@ -83,26 +90,31 @@ TARGETS = (
 PACKAGES = ("tunnel", "edge", "origin", "geoedge", "deploy")
 
 
-def tracked_files() -> list[str]:
+def tracked_files(root: Path) -> list[str]:
     out = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
+        cwd=root,
         check=True,
         capture_output=True,
         text=True,
     ).stdout
-    return [line for line in out.splitlines() if (ROOT / line).is_file()]
+    return [line for line in out.splitlines() if (root / line).is_file()]
 
 
-def scratch_tree(dest: Path) -> None:
-    for rel in tracked_files():
+def scratch_tree(root: Path, dest: Path) -> None:
+    for rel in tracked_files(root):
         if rel.split("/", 1)[0] in (*PACKAGES, "tests"):
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, target)
+            shutil.copy2(root / rel, target)
 
 
-def setup_cfg(target: Target) -> str:
+def figure_name(target: Target, only: tuple[str, ...]) -> str:
+    """The results file's key: the target, and the subset when there is one."""
+    return f"{target.name} (only {', '.join(only)})" if only else target.name
+
+
+def setup_cfg(target: Target, only: tuple[str, ...] = ()) -> str:
     def block(key: str, values: tuple[str, ...]) -> str:
         return f"{key} =\n" + "".join(f"    {v}\n" for v in values)
 
@@ -113,6 +125,7 @@ def setup_cfg(target: Target) -> str:
         + block("pytest_add_cli_args_test_selection", target.tests)
         + block("pytest_add_cli_args", args)
         + block("also_copy", PACKAGES)
+        + (block("only_mutate", only) if only else "")
     )
 
 
@@ -131,12 +144,21 @@ def survivors(work: Path, mutmut: str) -> list[dict[str, str]]:
     return found
 
 
-def run_target(target: Target, children: int, keep: Path | None) -> dict[str, object]:
+def run_target(
+    target: Target, children: int, keep: Path | None, root: Path, only: tuple[str, ...]
+) -> dict[str, object]:
     mutmut = shutil.which("mutmut", path=str(Path(sys.executable).parent)) or "mutmut"
+    # The commit the copy is made from (not the one checked out when the run ends).
+    tree = subprocess.run(
+        ["git", "describe", "--always", "--dirty", "--abbrev=7"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="geoedge-mutation-") as tmp:
         work = Path(tmp)
-        scratch_tree(work)
-        (work / "setup.cfg").write_text(setup_cfg(target))
+        scratch_tree(root, work)
+        (work / "setup.cfg").write_text(setup_cfg(target, only))
         (work / "pyproject.toml").write_text('[tool.pytest.ini_options]\ntestpaths = ["tests"]\n')
         env = {**os.environ, "GEOEDGE_HYPOTHESIS_PROFILE": "ci", "PYTHONDONTWRITEBYTECODE": "1"}
         began = time.monotonic()
@@ -156,6 +178,8 @@ def run_target(target: Target, children: int, keep: Path | None) -> dict[str, ob
     escaped = stats["survived"] + stats["no_tests"]
     return {
         "target": target.name,
+        "only": list(only),
+        "tree": tree,
         "tests": list(target.tests),
         "killed": stats["killed"],
         "survived": stats["survived"],
@@ -174,6 +198,19 @@ def main() -> int:
     parser.add_argument("--children", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--output", type=Path, default=ROOT / "loadtests/results/mutation.json")
     parser.add_argument("--keep", type=Path, help="keep each target's mutants/ under this folder")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="mutate only the files matching this glob (repeatable), e.g. edge/http1/chunked.py",
+    )
+    parser.add_argument(
+        "--tree",
+        type=Path,
+        default=ROOT,
+        help="the checkout whose code and tests are mutated and run (default: this one)",
+    )
     args = parser.parse_args()
     chosen = [t for t in TARGETS if not args.targets or t.name in args.targets]
     if not chosen:
@@ -181,12 +218,14 @@ def main() -> int:
     previous = json.loads(args.output.read_text()) if args.output.exists() else {}
     results = dict(previous.get("targets", {}))
     args.output.parent.mkdir(parents=True, exist_ok=True)
+    only = tuple(args.only)
     for target in chosen:
-        result = run_target(target, args.children, args.keep)
-        results[target.name] = result
+        result = run_target(target, args.children, args.keep, args.tree.resolve(), only)
+        name = figure_name(target, only)
+        results[name] = result
         args.output.write_text(json.dumps({"targets": results}, indent=1) + "\n")
         print(
-            f"{target.name}: {result['killed']} killed, {result['survived']} survived, "
+            f"{name}: {result['killed']} killed, {result['survived']} survived, "
             f"{result['no_tests']} not covered of {result['total']}: "
             f"surviving rate {100 * float(result['surviving_rate']):.1f}% "  # type: ignore[arg-type]
             f"({result['seconds']} s)",

@@ -434,6 +434,21 @@ def forwarded_body(events: Sequence[object]) -> bytes:
     return b"".join(e.data for e in events if isinstance(e, RequestBodyReceived))
 
 
+def dechunked(forwarded: bytes) -> bytes:
+    """The payload of a chunked body the reader re-encoded (ends in its last chunk)."""
+    assert forwarded.endswith(b"0\r\n\r\n")
+    payload = b""
+    rest = forwarded
+    while True:
+        size_line, rest = rest.split(b"\r\n", 1)
+        size = int(size_line, 16)  # test oracle only: the bytes were produced by us
+        if size == 0:
+            return payload
+        payload += rest[:size]
+        assert rest[size : size + 2] == b"\r\n"
+        rest = rest[size + 2 :]
+
+
 def test_chunked_body_is_reencoded_without_extensions_and_keeps_its_trailers() -> None:
     events = chunked_events(
         b'5;name=value;x="q\\"s"\r\nhello\r\n00A\r\n0123456789\r\n0\r\nX-T: 1\r\n\r\n'
@@ -465,19 +480,7 @@ def test_chunked_body_split_everywhere_decodes_to_same_payload() -> None:
     for index in range(len(body)):
         events += reader.feed(body[index : index + 1])
     assert events[-1] == RequestCompleted()
-    forwarded = forwarded_body(events)
-    assert forwarded.endswith(b"0\r\n\r\n")
-    payload = b""
-    rest = forwarded
-    while True:
-        size_line, rest = rest.split(b"\r\n", 1)
-        size = int(size_line, 16)  # test oracle only: the bytes were produced by us
-        if size == 0:
-            break
-        payload += rest[:size]
-        assert rest[size : size + 2] == b"\r\n"
-        rest = rest[size + 2 :]
-    assert payload == b"abc0123456789abcdef"
+    assert dechunked(forwarded_body(events)) == b"abc0123456789abcdef"
 
 
 def test_sixteen_digit_chunk_size_with_leading_zeros_is_accepted() -> None:
@@ -544,6 +547,28 @@ def test_endless_chunk_size_is_rejected_before_its_end() -> None:
     reader.feed(post([b"Transfer-Encoding: chunked"]))
     events = reader.feed(b"0" * 17)
     assert rejection(events).reason == "chunk size has too many digits"
+
+
+@pytest.mark.parametrize(
+    "partial", [b"zz", b"3;a\n", b"3z\r"], ids=["not-hex", "bare-lf-in-ext", "not-hex-before-cr"]
+)
+def test_a_size_line_that_cannot_become_valid_is_refused_before_its_end(partial: bytes) -> None:
+    """A client that sends a broken chunk-size line and waits gets its 400 at
+    once, not when a timeout ends the wait."""
+    reader = make_reader()
+    reader.feed(post([b"Transfer-Encoding: chunked"]))
+    refused = rejection(reader.feed(partial))
+    assert (refused.status, refused.reason) == (400, "invalid chunk size line")
+
+
+def test_a_valid_size_line_with_extensions_is_accepted_however_split() -> None:
+    body = b"5;a=1;b=2\r\nhello\r\n0\r\n\r\n"
+    for split in range(1, len(body)):
+        reader = make_reader()
+        events = reader.feed(post([b"Transfer-Encoding: chunked"], body[:split]))
+        events += reader.feed(body[split:])
+        assert dechunked(forwarded_body(events)) == b"hello", split
+        assert events[-1] == RequestCompleted(), split
 
 
 def test_chunk_size_digits_limit_is_configurable() -> None:
@@ -996,7 +1021,11 @@ def test_held_bytes_are_bounded() -> None:
     reader = make_reader(limits=HttpLimits(max_held_upgrade_bytes=100))
     assert reader.feed(ws_handshake() + b"x" * 60)[-1] == RequestCompleted()
     assert reader.feed(b"y" * 40) == []
-    assert rejection(reader.feed(b"z")).status == 400
+    refused = rejection(reader.feed(b"z"))
+    assert (refused.status, refused.reason) == (
+        400,
+        "too many bytes sent before the upgrade was answered",
+    )
     with pytest.raises(Http1UsageError):
         reader.upgrade_accepted()
 
@@ -1005,6 +1034,77 @@ def test_held_bytes_bound_applies_within_the_handshake_feed() -> None:
     reader = make_reader(limits=HttpLimits(max_held_upgrade_bytes=10))
     events = reader.feed(ws_handshake() + b"x" * 11)
     assert rejection(events).status == 400
+
+
+def test_refused_upgrade_after_connection_close_forwards_nothing_more() -> None:
+    """A handshake that said ``Connection: close`` was the client's last request:
+    what it sent behind it is not parsed when the backend refuses the upgrade."""
+    reader = make_reader()
+    handshake = ws_handshake().replace(b"Connection: Upgrade", b"Connection: Upgrade, close")
+    assert reader.feed(handshake + get(b"/smuggled"))[-1] == RequestCompleted()
+    assert reader.upgrade_refused() == []
+    assert reader.between_requests and not reader.idle
+    assert reader.feed(get(b"/later")) == []
+
+
+def test_refused_upgrade_leaves_an_unfinished_head_to_finish() -> None:
+    reader = make_reader()
+    reader.feed(ws_handshake() + b"GET /b HT")
+    assert reader.upgrade_refused() == []
+    assert reader.in_head
+    assert only_head(reader.feed(b"TP/1.1\r\nHost: a\r\n\r\n")).target == b"/b"
+
+
+def test_refused_upgrade_after_a_clean_close_rejects_nothing() -> None:
+    reader = make_reader()
+    reader.feed(ws_handshake())
+    assert reader.feed_eof() == [ClientClosed()]
+    assert reader.upgrade_refused() == []
+
+
+def test_refused_upgrade_after_a_close_inside_the_next_head() -> None:
+    """The held request goes up; the truncated one behind it is rejected."""
+    reader = make_reader()
+    reader.feed(ws_handshake() + get(b"/a") + b"GET / HT")
+    assert reader.feed_eof() == [ClientClosed()]
+    events = reader.upgrade_refused()
+    assert only_head(events).target == b"/a"
+    assert events[1:] == [
+        RequestCompleted(),
+        RequestRejected(400, "client closed inside a request head", mid_request=False),
+    ]
+
+
+def test_refused_upgrade_after_a_close_inside_the_next_body() -> None:
+    reader = make_reader()
+    reader.feed(ws_handshake() + post([b"Content-Length: 5"], b"ab"))
+    assert reader.feed_eof() == [ClientClosed()]
+    events = reader.upgrade_refused()
+    assert only_head(events).content_length == 5
+    assert events[1:] == [
+        RequestBodyReceived(b"ab"),
+        RequestRejected(400, "client closed inside a request body", mid_request=True),
+    ]
+
+
+def test_a_second_upgrade_after_a_refused_one_carries_only_its_own_bytes() -> None:
+    reader = make_reader()
+    reader.feed(ws_handshake())
+    assert reader.upgrade_refused() == []
+    assert reader.feed(ws_handshake() + b"\x81\x05early")[-1] == RequestCompleted()
+    assert reader.upgrade_accepted() == b"\x81\x05early"
+
+
+def test_the_answered_upgrade_leaves_no_bytes_buffered() -> None:
+    for answer in ("accepted", "refused"):
+        reader = make_reader()
+        reader.feed(ws_handshake() + b"\x81\x05early")
+        assert reader.buffered_bytes == 7
+        if answer == "accepted":
+            assert reader.upgrade_accepted() == b"\x81\x05early"
+        else:
+            rejection(reader.upgrade_refused())  # not HTTP: rejected
+        assert reader.buffered_bytes == 0, answer
 
 
 def test_eof_while_upgrade_pending_then_refused() -> None:
@@ -1049,9 +1149,9 @@ def test_invalid_websocket_handshakes_are_rejected(data: bytes) -> None:
 
 def test_upgrade_calls_without_pending_upgrade_are_usage_errors() -> None:
     reader = make_reader()
-    with pytest.raises(Http1UsageError):
+    with pytest.raises(Http1UsageError, match=r"^upgrade_accepted\(\) with no WebSocket upgrade"):
         reader.upgrade_accepted()
-    with pytest.raises(Http1UsageError):
+    with pytest.raises(Http1UsageError, match=r"^upgrade_refused\(\) with no WebSocket upgrade"):
         reader.upgrade_refused()
 
 
@@ -1081,7 +1181,8 @@ def test_eof_between_requests_is_client_closed() -> None:
 def test_eof_inside_head_is_rejected_as_truncated() -> None:
     reader = make_reader()
     reader.feed(b"GET / HTTP/1.1\r\nHo")
-    assert rejection(reader.feed_eof()).status == 400
+    refused = rejection(reader.feed_eof())
+    assert (refused.status, refused.reason) == (400, "client closed inside a request head")
 
 
 def test_eof_inside_body_is_rejected_as_truncated() -> None:
@@ -1157,6 +1258,7 @@ def test_a_content_length_above_max_body_bytes_is_413_before_anything_goes_up() 
     assert not [e for e in events if isinstance(e, RequestHeadReceived)]
     rejected = rejection(events)
     assert (rejected.status, rejected.mid_request) == (413, False)
+    assert rejected.reason == "Content-Length above max_body_bytes"
     assert only_head(feed_all(post([b"Content-Length: 1000"]), limits=limits))
 
 
@@ -1166,6 +1268,7 @@ def test_a_chunked_body_growing_past_max_body_bytes_is_413_mid_request() -> None
     assert only_head(events) and not [e for e in events if isinstance(e, RequestRejected)]
     rejected = rejection(reader.feed(b"1\r\nx\r\n"))
     assert (rejected.status, rejected.mid_request) == (413, True)
+    assert rejected.reason == "chunked body above max_body_bytes"
 
 
 @pytest.mark.parametrize(

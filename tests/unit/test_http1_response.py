@@ -26,6 +26,7 @@ from edge.http1 import (
     redirect_response,
     reusable_head,
     websocket_accept,
+    with_field,
 )
 
 WS_KEY = b"dGhlIHNhbXBsZSBub25jZQ=="
@@ -140,6 +141,37 @@ def test_decoded_chunked_response_hands_its_trailers_over_however_split() -> Non
         assert events[-1] == ResponseCompleted(
             close_after=False, trailers=((b"x-sum", b"77"), (b"server-timing", b"db;dur=5"))
         )
+
+
+def test_decoded_chunked_body_of_several_chunks_in_one_read_is_the_payload() -> None:
+    body = b"3\r\nabc\r\n2;x=1\r\nde\r\n1\r\nf\r\n0\r\n\r\n"
+    data = response(b"HTTP/1.1 200 OK", b"Transfer-Encoding: chunked", body=body)
+    reader = ResponseReader(HttpLimits(), decode_chunked=True)
+    reader.expect(b"GET", None)
+    events = reader.feed(data)
+    assert events[1:] == [ResponseBodyReceived(b"abcdef"), ResponseCompleted(close_after=False)]
+
+
+def test_decoded_trailer_values_keep_their_colons_and_letters() -> None:
+    body = b"1\r\na\r\n0\r\nLink: <https://x.test:8443/a>; rel=preload\r\nX-Tag:\tXmaxX\r\n\r\n"
+    data = response(b"HTTP/1.1 200 OK", b"Transfer-Encoding: chunked", body=body)
+    reader = ResponseReader(HttpLimits(), decode_chunked=True)
+    reader.expect(b"GET", None)
+    assert reader.feed(data)[-1] == ResponseCompleted(
+        close_after=False,
+        trailers=((b"link", b"<https://x.test:8443/a>; rel=preload"), (b"x-tag", b"XmaxX")),
+    )
+
+
+def test_chunked_response_in_two_reads_forwards_same_bytes_at_every_split() -> None:
+    trailers = b"X-Checksum: " + b"c" * 60 + b"\r\nX-Other: 1\r\n\r\n"
+    body = b"5\r\nhello\r\n0\r\n" + trailers
+    data = response(b"HTTP/1.1 200 OK", b"Transfer-Encoding: chunked", body=body)
+    for split in range(1, len(data)):
+        reader = make_reader()
+        events = reader.feed(data[:split]) + reader.feed(data[split:])
+        assert forwarded(events) == data, split
+        assert events[-1] == ResponseCompleted(close_after=False), split
 
 
 def test_chunked_response_byte_at_a_time_forwards_same_bytes() -> None:
@@ -312,6 +344,11 @@ def test_bad_101_is_refused_without_forwarding_anything(data: bytes) -> None:
     assert reader.feed_eof() == []
 
 
+def test_101_to_a_request_without_upgrade_is_invalid_and_says_so() -> None:
+    events = make_reader().feed(b"HTTP/1.1 101 Switching Protocols\r\n\r\n")
+    assert invalid(events).reason == "101 to a request that asked for no upgrade"
+
+
 def test_101_to_a_request_without_upgrade_is_invalid() -> None:
     invalid(make_reader((b"GET", None)).feed(switching()))
 
@@ -373,6 +410,53 @@ def test_invalid_responses(data: bytes) -> None:
     invalid(events)
     assert not any(isinstance(e, ResponseCompleted) for e in events)
     assert reader.feed(b"HTTP/1.1 200 OK\r\n\r\n") == []
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"HTTP/1.1 600 Nope\r\n\r\n", "invalid status code 600"),
+        (
+            response(b"HTTP/1.1 200 OK", b"Content-Length: 1000000000000000000"),
+            "invalid Content-Length",
+        ),
+        (
+            response(b"HTTP/1.1 200 OK", b"Transfer-Encoding: chunked, gzip"),
+            "chunked is not the final transfer coding",
+        ),
+        (
+            response(b"HTTP/1.0 200 OK", b"Transfer-Encoding: chunked"),
+            "Transfer-Encoding in an HTTP/1.0 response",
+        ),
+    ],
+)
+def test_an_invalid_response_names_its_fault(data: bytes, reason: str) -> None:
+    """The reason is what the edge logs when it answers 502: the operator's clue."""
+    assert invalid(make_reader().feed(data)).reason == reason
+
+
+def test_the_whole_status_range_is_accepted() -> None:
+    for status in (100, 599):
+        reader = make_reader()
+        events = reader.feed(b"HTTP/1.1 %d Edge\r\nContent-Length: 0\r\n\r\n" % status)
+        assert not any(isinstance(e, ResponseInvalid) for e in events), events
+        assert head_of(events).status == status
+
+
+def test_field_values_lose_only_their_surrounding_whitespace() -> None:
+    events = make_reader().feed(
+        response(b"HTTP/1.1 200 OK", b"X-Id: \tXabcX ", b"ETag: X", b"Content-Length: 0")
+    )
+    assert head_of(events).headers[:2] == ((b"x-id", b"XabcX"), (b"etag", b"X"))
+
+
+def test_the_end_of_a_body_is_or_is_not_the_connection_close() -> None:
+    """``close_delimited``: only the backend's close ends this body, so the edge
+    must close the client connection after it (it cannot say where it ends)."""
+    until_eof = make_reader().feed(response(b"HTTP/1.1 200 OK", body=b"x"))
+    framed = make_reader().feed(response(b"HTTP/1.1 200 OK", b"Content-Length: 1", body=b"x"))
+    assert head_of(until_eof).close_delimited
+    assert not head_of(framed).close_delimited
 
 
 def test_unsolicited_response_is_invalid() -> None:
@@ -593,6 +677,55 @@ def test_fields_connection_names_are_dropped_but_the_framing() -> None:
     # llhttp refuses obs-fold; were one to pass, it goes with its field.
     folded = response(b"HTTP/1.1 200 OK", *fields, b"\t4", *tail)
     assert reusable_head(folded, event.nominated) == kept
+
+
+def test_connection_naming_only_its_own_fields_nominates_them() -> None:
+    for options in (b"X-Slot", b"X-Slot, X-Lane"):
+        head = response(
+            b"HTTP/1.1 200 OK", b"Connection: " + options, b"X-Slot: 3", b"X-Lane: 1", b"X: 1"
+        )
+        event = head_of(make_reader().feed(head))
+        assert b"x-slot" in event.nominated
+        assert reusable_head(head, event.nominated).count(b"X-Slot") == 0
+
+
+def test_reusable_head_keeps_the_status_line_and_last_value_whole() -> None:
+    """Taking out nominated fields leaves every other byte: an empty reason
+    phrase keeps the space before it, a value ending in X keeps its X."""
+    head = response(b"HTTP/1.1 200 ", b"X-Slot: 3", b"X-Tail: ZX")
+    assert reusable_head(head, frozenset({b"x-slot"})) == response(b"HTTP/1.1 200 ", b"X-Tail: ZX")
+    head = response(b"HTTP/1.1 200 OX", b"X-Slot: 3", b"X-Tail: 1")
+    assert reusable_head(head, frozenset({b"x-slot"})) == response(b"HTTP/1.1 200 OX", b"X-Tail: 1")
+    # a value with a colon in it: the field's name ends at the first one
+    head = response(b"HTTP/1.1 200 OK", b"X-Slot: backend-7:8080", b"X-Tail: 1")
+    assert reusable_head(head, frozenset({b"x-slot"})) == response(b"HTTP/1.1 200 OK", b"X-Tail: 1")
+
+
+def test_with_field_puts_the_field_first_and_leaves_the_rest() -> None:
+    """HSTS and the edge's own Connection go right after the status line (the
+    first of a repeated field wins), nothing else moves."""
+    whole = response(b"HTTP/1.1 200 OK", b"Content-Length: 2", body=b"ok")
+    assert with_field(whole, b"Strict-Transport-Security: max-age=60") == response(
+        b"HTTP/1.1 200 OK",
+        b"Strict-Transport-Security: max-age=60",
+        b"Content-Length: 2",
+        body=b"ok",
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        (b"no status line", b"X: 1"),
+        (b"HTTP/1.1 200 OK\r\n\r\n", b"X: 1\r\nSet-Cookie: a=1"),
+        (b"HTTP/1.1 200 OK\r\n\r\n", b"X: 1\rY"),
+        (b"HTTP/1.1 200 OK\r\n\r\n", b"X: 1\nY"),
+    ],
+    ids=["no-status-line", "crlf", "cr", "lf"],
+)
+def test_with_field_refuses_a_field_that_would_split_the_head(data: bytes, field: bytes) -> None:
+    with pytest.raises(ValueError, match=r"^with_field needs a response with a status line"):
+        with_field(data, field)
 
 
 def test_a_response_without_connection_options_nominates_nothing() -> None:

@@ -56,11 +56,23 @@ def test_least_connections_prefers_fewest_in_flight() -> None:
     assert pool.choose(0.0).tag == "b"  # type: ignore[union-attr]
 
 
-def test_least_connections_counts_relative_to_weight() -> None:
-    pool = make_pool({"heavy": 4, "light": 1})
-    pool.backends[0].active = 6  # 6/4 = 1.5
-    pool.backends[1].active = 2  # 2/1 = 2
+@pytest.mark.parametrize("order", [["heavy", "light"], ["light", "heavy"]])
+def test_least_connections_counts_relative_to_weight(order: list[str]) -> None:
+    weights = {"heavy": 4, "light": 1}
+    pool = make_pool({name: weights[name] for name in order})
+    active = {"heavy": 6, "light": 2}  # 6/4 = 1.5 against 2/1 = 2
+    for backend in pool.backends:
+        backend.active = active[backend.tag]
     assert pool.choose(0.0).tag == "heavy"  # type: ignore[union-attr]
+
+
+def test_least_connections_shares_equal_relative_load_by_weight() -> None:
+    """3 in flight on weight 3 and 2 on weight 2 are the same load: a tie, which
+    the tie-break shares 3 : 2, rather than the first backend taking every stream."""
+    pool = make_pool({"a": 3, "b": 2})
+    pool.backends[0].active = 3
+    pool.backends[1].active = 2
+    assert Counter(picks(pool, 5)) == {"a": 3, "b": 2}
 
 
 def test_least_connections_spreads_a_burst_when_streams_are_counted() -> None:
@@ -78,6 +90,12 @@ def test_least_connections_ties_follow_weights() -> None:
 def test_round_robin_ignores_weights() -> None:
     pool = make_pool({"a": 5, "b": 1, "c": 1}, "round_robin")
     assert picks(pool, 6) == ["a", "b", "c", "a", "b", "c"]
+
+
+def test_round_robin_steps_over_an_unavailable_backend_and_keeps_rotating() -> None:
+    pool = make_pool(["a", "b", "c", "d"], "round_robin")
+    pool.backends[1].healthy = False
+    assert picks(pool, 6) == ["a", "c", "d", "a", "c", "d"]
 
 
 def test_smooth_weighted_is_smooth() -> None:
@@ -157,6 +175,7 @@ def test_slow_start_ramps_linearly_from_a_floor() -> None:
     assert effective_weight(backend, 105.0, 10.0) == pytest.approx(5.0)
     assert effective_weight(backend, 110.0, 10.0) == 10.0
     assert effective_weight(backend, 100.0, 0.0) == 10.0  # slow start off
+    assert effective_weight(backend, 100.5, 1.0) == pytest.approx(5.0)  # a 1 s ramp is one too
 
 
 def test_slow_start_follows_the_end_of_an_ejection() -> None:
@@ -200,7 +219,11 @@ def test_consecutive_failures_eject_with_doubling_backoff() -> None:
     assert record_connect_failure(backend, 7.0, policy)
     assert backend.ejected_until == 12.0  # capped at 5 s
     record_connect_success(backend)
-    assert not record_connect_failure(backend, 20.0, policy)  # a clean record again
+    # a clean record again: `failures` failures to eject, for the base time
+    assert not record_connect_failure(backend, 20.0, policy)
+    assert not record_connect_failure(backend, 20.0, policy)
+    assert record_connect_failure(backend, 20.0, policy)
+    assert backend.ejected_until == 21.0
 
 
 def test_a_success_between_failures_resets_the_count() -> None:
@@ -230,6 +253,7 @@ def test_apply_keeps_the_state_of_backends_that_stay() -> None:
     assert [b.address for b in added] == ["10.0.0.9:80"]
     assert [b.address for b in removed] == ["10.0.0.2:80"]
     assert pool.find("10.0.0.9:80") is pool.backends[1]
+    assert pool.find("10.0.0.2:80") is None
 
 
 def test_apply_switches_algorithm() -> None:
@@ -245,6 +269,84 @@ def test_apply_switches_algorithm() -> None:
         "10.0.0.1:80": 5,
         "10.0.0.2:80": 1,
     }
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "expected"),
+    [
+        ("weighted", ["a", "a", "b", "a", "c", "a", "a"]),
+        ("round_robin", ["a", "b", "c", "a", "b", "c", "a"]),
+    ],
+)
+def test_a_snapshot_that_changes_nothing_keeps_the_rotation_going(
+    algorithm: str, expected: list[str]
+) -> None:
+    """The parent pushes a snapshot on every change anywhere (a health flip, a
+    drain, another pool); a rotation that restarted on each would send what
+    falls between two snapshots to the first backends only."""
+    pool = make_pool({"a": 5, "b": 1, "c": 1}, algorithm)
+    snapshot = pool.settings
+    chosen = []
+    for _ in range(7):
+        chosen += picks(pool, 1)
+        pool.apply(snapshot)
+    assert chosen == expected
+
+
+def test_consistent_hash_follows_a_weight_change() -> None:
+    pool = make_pool({"a": 1, "b": 1}, "consistent_hash")
+    keys = [f"198.51.100.{i}".encode() for i in range(200)] + [
+        f"203.0.113.{i}".encode() for i in range(200)
+    ]
+    even = Counter(pool.choose(0.0, key).address for key in keys)  # type: ignore[union-attr]
+    pool.apply(
+        PoolSnapshot(
+            name="p",
+            algorithm="consistent_hash",
+            backends=(BackendSpec("10.0.0.1:80", 3), BackendSpec("10.0.0.2:80", 1)),
+        )
+    )
+    heavier = Counter(pool.choose(0.0, key).address for key in keys)  # type: ignore[union-attr]
+    assert even["10.0.0.1:80"] < 240  # about half
+    assert heavier["10.0.0.1:80"] > 260  # about three quarters
+
+
+def test_a_snapshot_drains_and_undrains_a_backend() -> None:
+    pool = make_pool(["a", "b"], "round_robin")
+    specs = pool.settings.backends
+    pool.apply(
+        PoolSnapshot(
+            name="p",
+            algorithm="round_robin",
+            backends=(specs[0], BackendSpec(specs[1].address, drained=True)),
+        )
+    )
+    assert picks(pool, 4) == ["a", "a", "a", "a"]
+    pool.apply(PoolSnapshot(name="p", algorithm="round_robin", backends=specs))
+    assert Counter(picks(pool, 4)) == {"a": 2, "b": 2}
+
+
+def test_usable_counts_a_backend_at_its_cap_but_not_one_that_is_down() -> None:
+    """A pool whose backends are all at their cap is busy (a stream may queue for
+    a slot), not down."""
+    pool = make_pool(["a", "b"], max_connections_per_backend=1)
+    pool.backends[0].active = 1
+    pool.backends[1].drained = True
+    assert pool.choose(0.0) is None
+    assert pool.usable(0.0)
+    pool.backends[0].healthy = False
+    assert not pool.usable(0.0)
+    pool.backends[0].healthy = True
+    pool.backends[0].ejected_until = 5.0
+    assert not pool.usable(1.0)
+    assert pool.usable(5.0)
+
+
+def test_backend_connect_address_comes_from_its_spec() -> None:
+    v4 = Backend.from_spec(BackendSpec("10.0.0.7:8080"))
+    v6 = Backend.from_spec(BackendSpec("[2001:db8::7]:8443"))
+    assert (v4.host, v4.port) == ("10.0.0.7", 8080)
+    assert (v6.host, v6.port) == ("2001:db8::7", 8443)
 
 
 def test_snapshots_round_trip_through_json() -> None:
@@ -287,6 +389,25 @@ def test_router_matches_host_then_sni_then_default() -> None:
     assert router.route("[::1]:443") == "web"
 
 
+def test_router_hosts_are_matched_case_and_trailing_dot_blind() -> None:
+    router = PoolRouter([PoolSnapshot(name="api", hosts=("API.Example.COM.", "*.Apps.Test."))])
+    assert router.route("api.example.com") == "api"
+    assert router.route("x.apps.test") == "api"
+
+
+def test_router_wildcard_does_not_match_its_bare_domain() -> None:
+    """``*.example.com`` covers the names under example.com, not example.com
+    itself (as in nginx and HAProxy)."""
+    router = PoolRouter(
+        [
+            PoolSnapshot(name="wild", hosts=("*.example.com",)),
+            PoolSnapshot(name="web", hosts=("other.test",), default=True),
+        ]
+    )
+    assert router.route("www.example.com") == "wild"
+    assert router.route("example.com") == "web"
+
+
 def test_router_without_default_gives_none() -> None:
     router = PoolRouter([PoolSnapshot(name="api", hosts=("api.test",))])
     assert router.route("other.test") is None
@@ -321,3 +442,17 @@ def test_coming_back_up_ends_a_passive_ejection() -> None:
     assert record_connect_failure(backend, 103.0, policy)
     backend.update(BackendSpec("10.0.0.9:80", 1, healthy=True, up_since=102.0))
     assert not backend.available(104.0, 0)
+
+
+def test_coming_back_up_starts_a_clean_failure_count() -> None:
+    """After the active checks bring a backend back, it takes ``failures``
+    connect failures again to eject it, not one fewer."""
+    policy = PassiveHealthConfig(failures=2, eject_base_s=30.0, eject_max_s=60.0)
+    backend = Backend.from_spec(BackendSpec("10.0.0.9:80", 1))
+    assert not record_connect_failure(backend, 100.0, policy)
+    assert record_connect_failure(backend, 100.0, policy)
+    backend.update(BackendSpec("10.0.0.9:80", 1, healthy=False))
+    backend.update(BackendSpec("10.0.0.9:80", 1, healthy=True, up_since=110.0))
+    assert not record_connect_failure(backend, 111.0, policy)
+    assert backend.available(111.0, 0)
+    assert record_connect_failure(backend, 112.0, policy)
