@@ -492,10 +492,46 @@ def _sysctl_file() -> HostFile:
     return HostFile("99-geoedge.conf", text, 0o644, "/etc/sysctl.d/99-geoedge.conf")
 
 
+#: The shipped files the user data carries copies of (host path -> file under
+#: deploy/). ``geoedge init`` writes them without their comment lines: with
+#: a config of every key and its documentation, the user data would not fit
+#: the 16 KiB EC2 allows (gzipped). The config keeps its comments: it is the
+#: file an operator edits; the commented units are in the wheel and deploy/.
+TERSE_COPIES = {
+    "/etc/sysctl.d/99-geoedge.conf": "sysctl/99-geoedge.conf",
+    "/etc/systemd/system/geoedge-edge.service": "systemd/geoedge-edge.service",
+    "/etc/systemd/system/geoedge-edge.socket": "systemd/geoedge-edge.socket",
+    "/etc/systemd/system/geoedge-origin.service": "systemd/geoedge-origin.service",
+    "/etc/systemd/system/geoedge-origin.socket": "systemd/geoedge-origin.socket",
+    "/etc/systemd/system/geoedge-node@.service": "systemd/geoedge-node@.service",
+}
+
+
+def without_comments(text: str, source: str) -> str:
+    """``text`` (a systemd unit or a sysctl file, where a line whose first
+    non-blank character is ``#`` or ``;`` is a comment) without its comment
+    lines and repeated blank lines, under one line naming the commented file."""
+    kept: list[str] = [f"# deploy/{source} of geoedge without its comments (the wheel has them)\n"]
+    for line in text.splitlines(keepends=True):
+        if line.lstrip().startswith(("#", ";")):
+            continue
+        if not line.strip() and (not kept[-1].strip() or len(kept) == 1):
+            continue
+        kept.append(line)
+    while not kept[-1].strip():
+        kept.pop()
+    return "".join(kept)
+
+
 def _user_data(role: Role, config: str, etc: Path, wheel_url: str | None) -> str:
-    """The shipped cloud-init with this config in place of its example one."""
+    """The shipped cloud-init with this config in place of its example one, and
+    its copies of shipped files without their comments (:data:`TERSE_COPIES`)."""
     text = assets.deploy_file(f"cloud-init/{role}.yaml").read_text()
     text = replace_block_content(text, f"{DEFAULT_ETC}/{role}.toml", config)
+    for path, source in TERSE_COPIES.items():
+        if f"  - path: {path}\n" in text:
+            terse = without_comments(assets.deploy_file(source).read_text(), source)
+            text = replace_block_content(text, path, terse)
     if wheel_url is not None:
         text = text.replace(EXAMPLE_WHEEL_URL, wheel_url)
     return _retarget(text, etc)

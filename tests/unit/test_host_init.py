@@ -377,3 +377,39 @@ def test_the_configuration_reference_in_docs_is_generated_and_current(
             assert re.search(
                 rf"### `\[\[?{re.escape(table)}\]\]?`\n(.|\n)*?\| `{name}` \|", section
             ), key
+
+
+def _settings(text: str) -> list[str]:
+    """A unit's or sysctl file's lines that are not comments or blank."""
+    return [
+        line
+        for line in text.splitlines()
+        if line.strip() and not line.lstrip().startswith(("#", ";"))
+    ]
+
+
+@pytest.mark.parametrize("role", ["edge", "origin"])
+def test_init_user_data_fits_ec2_and_carries_every_setting_of_the_shipped_units(
+    role: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With the config of every key and its documentation, the copies of the
+    units and the sysctl file go without their comments, setting for setting,
+    and the whole stays under EC2's 16 KiB with room for the config to grow."""
+    argv = ["init", role, "--out", str(tmp_path), "--id", f"{role}-1"]
+    status, _, err = run([*argv, "--edge", "tokyo-1"] if role == "origin" else argv, capsys)
+    assert status == 0, err
+    text = (tmp_path / "cloud-init.yaml").read_text()
+    assert len(gzip.compress(text.encode(), 9)) < USER_DATA_LIMIT_BYTES - 2048
+    files = {
+        entry["path"]: entry["content"]
+        for entry in _user_data(tmp_path / "cloud-init.yaml")["write_files"]
+    }
+    copies = [path for path in host_init.TERSE_COPIES if path in files]
+    assert len(copies) >= 3, copies
+    for path in copies:
+        shipped = (DEPLOY / host_init.TERSE_COPIES[path]).read_text()
+        assert _settings(files[path]) == _settings(shipped), path
+        assert files[path].startswith(f"# deploy/{host_init.TERSE_COPIES[path]} ")
+    # The config keeps its documentation: it is the file an operator edits.
+    assert files[f"/etc/geoedge/{role}.toml"] == (tmp_path / f"{role}.toml").read_text()
+    assert files[f"/etc/geoedge/{role}.toml"].count("\n# ") > 50
