@@ -15,7 +15,7 @@ NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
 LOCK := deploy/requirements.lock
 
-.PHONY: venv node tools test test-long test-platforms mutation lint lock docs demo dist cache-tests bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor bench-origin-streams bench-heap-return wan drill restart-test reload-test cold-burst apt-base soak clean
+.PHONY: venv node tools test test-harness test-long test-platforms mutation lint lock docs demo dist cache-tests bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor bench-origin-streams bench-heap-return wan drill restart-test reload-test cold-burst apt-base soak clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy; nginx-light, the nginx edge of make wan), the WAN
@@ -51,8 +51,9 @@ $(VENV)/bin/python: | $(STAMPS)/apt-base
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-# The test suite includes a quick run of the WAN proof (locust, matplotlib), so
-# it installs the load extras too.
+# The suite runs parts of loadtests/ (the reload harness, the WAN emulator; make
+# test-harness: a quick WAN proof with locust and matplotlib), so it installs the
+# load extras too.
 # The daemons' dependencies come from the lock file first (exact versions and
 # hashes, as on the hosts: deploy/requirements.lock), then the extras.
 $(STAMPS)/py-test: pyproject.toml $(LOCK) $(VENV)/bin/python
@@ -146,9 +147,14 @@ lint: venv
 # The sans-I/O tests (CPU-bound, no wall clock) on every core with pytest-xdist;
 # then the rest, which start real processes and read clocks, one at a time.
 SANS_IO_TESTS := tests/unit tests/property tests/fuzz
+# The short runs of the benchmark harnesses (loadtests/: make wan --quick, bench-edge,
+# soak, the floors; ~5 minutes) are `make test-harness`, outside CI's 25 minutes.
 test: venv node lint tools
 	$(VENV)/bin/pytest -q -n auto $(SANS_IO_TESTS)
-	$(VENV)/bin/pytest -q $(foreach d,$(SANS_IO_TESTS),--ignore=$(d))
+	$(VENV)/bin/pytest -q -m "not harness" $(foreach d,$(SANS_IO_TESTS),--ignore=$(d))
+
+test-harness: venv node tools
+	$(VENV)/bin/pytest -q -m harness tests/integration
 
 # The wheel from its lock file under every other CPython 3.11+ this machine has
 # (3.12, 3.13 via pyenv here; skipped, saying so, where there is none). `make

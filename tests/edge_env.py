@@ -39,6 +39,7 @@ def load_test_marks(*, wrk: bool) -> list[pytest.MarkDecorator]:
     """A load test's short run beside HAProxy: skipped without Node.js's app,
     HAProxy (and ``wrk``, when it drives the load) or a second CPU for the client."""
     marks = [
+        pytest.mark.harness,
         pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed"),
         pytest.mark.skipif(
             not os.access("/usr/sbin/haproxy", os.X_OK), reason="haproxy is not installed"

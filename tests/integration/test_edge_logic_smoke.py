@@ -8,9 +8,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.compiled import expected_build_mode
 from tests.conftest import scaled
 from tests.edge_env import run_load_test
+
+pytestmark = pytest.mark.harness
 
 
 def test_short_run_measures_both_front_ends(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from tests.conftest import scaled
 from tests.edge_env import node_available, run_load_test
 
 pytestmark = [
+    pytest.mark.harness,
     pytest.mark.skipif(not node_available(), reason="deploy/node-app not installed"),
     pytest.mark.timeout(scaled(180)),
 ]

@@ -25,7 +25,7 @@ from loadtests.wan import netns
 from loadtests.wan.emulator import unsupported_reason
 from loadtests.wan.scenarios import MEASUREMENTS, SCENARIOS
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.harness, pytest.mark.timeout(420)]
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = {"p50_ms", "p90_ms", "p99_ms", "floor_ms", "n"}
