@@ -52,15 +52,20 @@ print(json.dumps({"text": text, "dir_gone": not os.path.exists(directory)}))
 """
 
 
-def test_multiprocess_counts_are_merged_and_dead_gauges_dropped() -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
+def run_script(script: str) -> subprocess.CompletedProcess[str]:
+    """``script`` in a fresh interpreter with only the checkout on its path."""
+    return subprocess.run(
+        [sys.executable, "-c", script],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=60,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
     )
+
+
+def test_multiprocess_counts_are_merged_and_dead_gauges_dropped() -> None:
+    out = run_script(SCRIPT)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     lines = result["text"].splitlines()
@@ -91,14 +96,7 @@ cleanup_multiprocess(directory)
 def test_a_value_file_being_created_does_not_break_the_merge() -> None:
     """/metrics and /readyz answered 500 (a struct.error) when they merged while
     a worker was starting; the empty file is left out until it holds values."""
-    out = subprocess.run(
-        [sys.executable, "-c", MERGE_WHILE_A_FILE_IS_CREATED],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
-    )
+    out = run_script(MERGE_WHILE_A_FILE_IS_CREATED)
     assert out.returncode == 0, out.stderr
 
 
