@@ -4,11 +4,13 @@
 //
 //   GET /any/path?cc=public,max-age=60&vary=Accept&cookie=a%3Db&tag=t1%20t2
 //        &type=text/plain&size=2000&delay=300&etag=%22v1%22&lm=<http date>
-//        &status=200&chunked=1&echo=x-forwarded-host&fail_after=N
+//        &status=200&chunked=1&echo=x-forwarded-host&fail_after=N&body_delay=ms
 //   -> the status, Cache-Control `cc`, Vary `vary`, Set-Cookie `cookie`,
 //      Surrogate-Key `tag`, Content-Type `type` (default text/plain), ETag,
 //      Last-Modified; a body of `size` octets (default: a JSON description
-//      of the request), after `delay` ms, chunked when `chunked=1`. A request
+//      of the request), after `delay` ms, chunked when `chunked=1`; with
+//      `body_delay`, the head and the body's first half at once and the rest
+//      `body_delay` ms later. A request
 //      whose If-None-Match equals `etag` gets a 304; past the `fail_after`th
 //      request for the path, a 503.
 //   GET /_count?path=/any/path  -> {"count": N} (requests seen for that path)
@@ -65,6 +67,11 @@ const server = http.createServer((req, res) => {
     if (q.get('chunked') !== '1') res.setHeader('content-length', String(body.length))
     if (req.method === 'HEAD') {
       res.end()
+      return
+    }
+    if (q.has('body_delay')) {
+      res.write(body.subarray(0, body.length >> 1))
+      setTimeout(() => res.end(body.subarray(body.length >> 1)), parseInt(q.get('body_delay'), 10))
       return
     }
     if (q.get('chunked') === '1') { // two writes: Node frames them chunked

@@ -26,7 +26,7 @@ CACHE_ON = """
 [cache]
 enabled = true
 max_bytes = {max_bytes}
-hit_for_pass_s = 1.0
+hit_for_pass_s = {hit_for_pass_s}
 {cache_keys}
 [compression]
 enabled = {compression}
@@ -97,13 +97,17 @@ def cache_stack(
     max_bytes: int = 64 * 1024 * 1024,
     cache_keys: str = "",
     compression: bool = False,
+    hit_for_pass_s: float = 1.0,
     extra: str = "",
 ) -> Iterator[CacheStack]:
     procs = Processes()
     port = free_port()
     start_backend(procs, port)
     config = CACHE_ON.format(
-        max_bytes=max_bytes, cache_keys=cache_keys, compression=str(compression).lower()
+        max_bytes=max_bytes,
+        cache_keys=cache_keys,
+        compression=str(compression).lower(),
+        hit_for_pass_s=hit_for_pass_s,
     )
     try:
         with edge_stack(

@@ -20,11 +20,13 @@ Per request (RFC 9111 §4; the decisions are :mod:`edge.cache.policy`'s):
   validators), serving it stale if the origin fails (§4.2.4);
 - nothing stored: a miss. **Collapsing**: a plain GET whose key is being
   fetched already waits for that fetch (``collapse``) and is then served
-  from what it stored; when it stored nothing, the waiters go to the origin
-  at once, each on its own, and so do later requests for the key for
+  from what it stored; once the fetch's response head says it will not be
+  stored (or its body outgrows ``max_object_bytes``), the waiters go to the
+  origin at once, each on its own, and so do later requests for the key for
   ``hit_for_pass_s`` (hit-for-pass: they would only queue behind each
-  other). A request with its own conditions or a ``Range`` never waits: its
-  answer is not the shared one.
+  other; with a shared tier the mark reaches the other workers and outlives
+  a restart or a reload). A request with its own conditions or a ``Range``
+  never waits: its answer is not the shared one.
 
 Per worker, shared nothing (DESIGN principle 9): docs/cache.md gives the
 measured hit ratios of per-worker and shared caches and why.
@@ -200,7 +202,7 @@ class EdgeCache:
             lookup.fwd = "uri-miss"
         plain = request.method == b"GET" and not request.conditional and request.range is None
         leader = self.fills.get(key.key)
-        if collapse and plain and leader is not None and not self.passes.passing(key.key, now):
+        if collapse and plain and leader is not None and not self._passing(key.key, now):
             leader.waiters.append(exchange)
             exchange.record.cache = "collapsed"
             self.counters.collapsed_waits += 1
@@ -378,24 +380,60 @@ class EdgeCache:
         self.counters.revalidated += 1
         return entry
 
+    def fill_refused(self, fill: Fill) -> None:
+        """``fill``'s response will not be stored (its head says so, or its body
+        outgrew ``max_object_bytes``): its key passes from now on, and the
+        requests that waited for it go to the origin now, not after its body."""
+        key = fill.lookup.key
+        if key is None or fill.released:
+            return
+        fill.released = True
+        if self.fills.get(key.key) is fill:
+            del self.fills[key.key]
+        self._mark_pass(key.key, time.time())
+        waiters, fill.waiters = fill.waiters, []
+        for waiter in waiters:
+            self.resume(waiter, collapse=False)
+
     def fill_ended(self, fill: Fill) -> None:
-        """``fill``'s exchange finished: its waiters' turn."""
+        """``fill``'s exchange finished: its waiters' turn (unless
+        :meth:`fill_refused` sent them on already)."""
         key = fill.lookup.key
         if key is None:
             return
         if self.fills.get(key.key) is fill:
             del self.fills[key.key]
-        stored = fill.stored is not None or fill.swallow
-        refused = fill.facts is not None and fill.parts is None  # not storable, or too large
-        if not stored and refused and self.passes.mark(key.key, time.time()):
-            self.counters.passes += 1
+        if fill.released:
+            return
         # The leader's client went away mid-fetch: one waiter fetches for the
-        # others again. Otherwise (stored, not storable, the origin failed)
-        # each goes its own way at once, never in a queue behind another.
-        again = not stored and not refused and fill.client_gone
+        # others again. Otherwise (stored, the origin failed) each goes its own
+        # way at once, never in a queue behind another.
+        stored = fill.stored is not None or fill.swallow
+        again = not stored and fill.client_gone
         waiters, fill.waiters = fill.waiters, []
         for waiter in waiters:
             self.resume(waiter, collapse=again)
+
+    def _mark_pass(self, key: str, now: float) -> None:
+        """Hit-for-pass for ``key``; shared once the key was marked before (a
+        URL asked once costs the shared tier nothing)."""
+        again = self.passes.passing(key, now)
+        if not self.passes.mark(key, now):
+            return
+        self.counters.passes += 1
+        if again and self.shared is not None:
+            self.shared.mark_pass(key, now + self.passes.seconds, now)
+
+    def _passing(self, key: str, now: float) -> bool:
+        """``key`` is marked hit-for-pass here, or in the shared tier (the mark
+        is then kept here too)."""
+        if self.passes.passing(key, now):
+            return True
+        until = None if self.shared is None else self.shared.pass_until(key, now)
+        if until is None:
+            return False
+        self.passes.mark_until(key, until)
+        return True
 
     # -- purge and invalidation (edge.cache.purging) -----------------------------------
 

@@ -26,9 +26,12 @@ An exchange that fails before any response (no tunnel, a reset, a timeout)
 asks its client to :meth:`answer` with an error: a stale response that may
 stand in is served instead.
 
-The fill tells its cache once, when its exchange finishes
-(:meth:`edge.cache.cache.EdgeCache.fill_ended`), so the requests that waited
-for it (collapsing) get the stored response or go to the origin themselves.
+The fill tells its cache once it knows the response will not be stored
+(:meth:`edge.cache.cache.EdgeCache.fill_refused`: at its head, or when its
+body outgrows ``max_object_bytes``), so the requests that waited for it
+(collapsing) go to the origin themselves without waiting for its body, and
+when its exchange finishes (:meth:`edge.cache.cache.EdgeCache.fill_ended`),
+so they get the stored response.
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ class FillOwner(Protocol):
         encoded: tuple[str, bytes] | None,
     ) -> StoredResponse | None: ...
     def fill_ended(self, fill: Fill) -> None: ...
+    def fill_refused(self, fill: Fill) -> None: ...
     def forget(self, entry: StoredResponse) -> None: ...
 
 
@@ -112,6 +116,7 @@ class Fill(Relay):
         "lookup",
         "not_stored",
         "parts",
+        "released",
         "request_time",
         "response_time",
         "served_stale",
@@ -140,6 +145,9 @@ class Fill(Relay):
         self.stored: StoredResponse | None = None
         self.not_stored = "no response"
         self.waiters: list[Any] = []
+        self.released = False
+        """The cache sent the waiters on and marked the key hit-for-pass
+        (:meth:`edge.cache.cache.EdgeCache.fill_refused`)."""
 
     # -- edge.exchange.ExchangeClient ----------------------------------------------------
 
@@ -179,6 +187,8 @@ class Fill(Relay):
             if stale is not None:
                 cache.forget(stale)  # the origin's new answer replaces it
         self.inner.response_head(exchange, self._forwarded_head(exchange, head, fields, reason))
+        if reason is not None:
+            cache.fill_refused(self)
 
     def response_data(self, exchange: Any, data: bytes) -> None:
         if self.swallow:
@@ -189,6 +199,7 @@ class Fill(Relay):
             if self.size > self.cache.config.max_object_bytes:
                 self.parts = self.encoded_parts = None
                 self.not_stored = "too large"
+                self.cache.fill_refused(self)
             else:
                 parts.append(data)
         encoder = self.encoder

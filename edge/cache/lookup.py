@@ -74,12 +74,17 @@ class PassMarks:
         return True
 
     def mark(self, key: str, now: float) -> bool:
-        """Mark ``key``; False when marks are off (``seconds`` 0)."""
+        """Mark ``key`` for ``seconds`` from ``now``; False when marks are off
+        (``seconds`` 0)."""
         if self.seconds <= 0:
             return False
+        self.mark_until(key, now + self.seconds)
+        return True
+
+    def mark_until(self, key: str, until: float) -> None:
+        """Mark ``key`` until ``until`` (a mark another worker made: edge.cache.shared)."""
         marks = self._marks
-        marks[key] = now + self.seconds
+        marks[key] = until
         marks.move_to_end(key)
         while len(marks) > self._limit:
             marks.popitem(last=False)
-        return True

@@ -167,6 +167,41 @@ def test_waiters_go_to_the_origin_themselves_when_the_answer_is_not_storable(
     assert chain.count("/uncacheable") == 10
 
 
+def test_waiters_go_up_at_the_head_of_an_answer_not_storable_not_after_its_body(
+    chain: CacheStack,
+) -> None:
+    # Node sends the head and half the body at once and the rest after
+    # ``body_delay``: all six requests reach it while the first body is held,
+    # or the five that waited behind it were held until that body ended.
+    body_delay_s = scaled(8)
+    path = f"/held-body?cc=no-store&size=4000&body_delay={int(body_delay_s * 1000)}"
+    context = ssl.create_default_context(cafile=str(chain.stack.pki.ca))
+    url = f"https://localhost:{chain.stack.https_port}{path}"
+
+    async def one(session: aiohttp.ClientSession) -> bytes:
+        async with session.get(url, ssl=context) as response:
+            return await response.read()
+
+    async def run() -> tuple[int, float]:
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            started = time.monotonic()
+            tasks = [asyncio.ensure_future(one(session)) for _ in range(6)]
+            try:
+                while (seen := await asyncio.to_thread(chain.count, "/held-body")) < 6:
+                    if time.monotonic() - started > body_delay_s / 2:
+                        break
+                    await asyncio.sleep(0.05)
+                return seen, time.monotonic() - started
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    seen, after_s = run_async(run(), timeout=scaled(60))
+    assert seen == 6, f"{seen} of 6 requests reached Node in {after_s:.1f} s"
+
+
 def test_a_purge_by_tag_url_and_prefix_through_the_edge_admin_api(chain: CacheStack) -> None:
     tagged = "/purge-tag?cc=max-age=60&tag=product-1%20all"
     by_url = "/purge-url?cc=max-age=60"

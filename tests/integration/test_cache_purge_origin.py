@@ -103,7 +103,9 @@ def test_a_purge_by_tag_through_the_origin_reaches_every_worker_of_two_edges(
                 admin_port=admin_port,
                 origins=[("origin", tunnel_port)],
                 workers=2,
-                extra=CACHE_ON.format(max_bytes=16 * 2**20, cache_keys="", compression="false"),
+                extra=CACHE_ON.format(
+                    max_bytes=16 * 2**20, cache_keys="", compression="false", hit_for_pass_s=1.0
+                ),
             )
             edge = start_edge(procs, config, tmp_path / f"edge-{name}.log")
             edges.append((edge, https_port, admin_port))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from edge.cache.entry import StoredResponse
 from edge.cache.freshness import FreshnessRules, ResponseFacts
-from edge.cache.shared import SharedTier
+from edge.cache.shared import SharedTier, _name
 
 
 def entry(
@@ -85,3 +85,34 @@ def test_invalidation_marks_are_read_by_the_others(tmp_path: Path) -> None:
     one.note_invalidation("https://h/a")
     assert other.invalidated_since(0.0) == ["https://h/a"]
     assert other.invalidated_since(2**40) == []
+
+
+def test_a_pass_mark_one_worker_shares_the_others_read_until_it_ends(tmp_path: Path) -> None:
+    now = time.time()
+    tier(tmp_path).mark_pass("https://h/p", now + 120, now)
+    other = tier(tmp_path)
+    assert other.pass_until("https://h/p", now) == now + 120
+    assert other.pass_until("https://h/other", now) is None
+    assert other.pass_until("https://h/p", now + 121) is None  # ended: and gone
+    assert list((tmp_path / ".passes").iterdir()) == []
+
+
+def test_a_pass_mark_is_rewritten_only_once_half_of_it_has_passed(tmp_path: Path) -> None:
+    shared, now = tier(tmp_path), time.time()
+    shared.mark_pass("k", now + 120, now)
+    shared.mark_pass("k", now + 130, now + 10)  # 110 s of 120 left: kept as it is
+    assert tier(tmp_path).pass_until("k", now) == now + 120
+    shared.mark_pass("k", now + 190, now + 70)  # 50 s left: renewed
+    assert tier(tmp_path).pass_until("k", now) == now + 190
+
+
+def test_pass_marks_survive_purges_and_ended_ones_go_at_a_trim(tmp_path: Path) -> None:
+    shared, now = tier(tmp_path), time.time()
+    shared.write(entry("https://h/a"))
+    shared.mark_pass("held", now + 120, now)
+    shared.mark_pass("ended", now - 1, now - 121)
+    shared.purge_all()
+    shared.purge_prefix("https://h/")
+    assert shared.pass_until("held", now) == now + 120
+    tier(tmp_path).trim()
+    assert [p.name for p in (tmp_path / ".passes").iterdir()] == [_name("held")]
