@@ -15,7 +15,7 @@ NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
 LOCK := deploy/requirements.lock
 
-.PHONY: venv node tools test test-harness test-long test-platforms mutation lint lock docs demo dist cache-tests bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor bench-origin-streams bench-heap-return wan drill restart-test reload-test cold-burst apt-base soak clean
+.PHONY: venv node tools test test-harness test-long test-platforms mutation lint lock docs demo dist cache-tests bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor bench-origin-streams bench-heap-return wan drill restart-test reload-test cold-burst zero-delay apt-base soak clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy; nginx-light, the nginx edge of make wan), the WAN
@@ -246,6 +246,10 @@ reload-test: $(STAMPS)/py-load node
 # make wan's emulated WAN (root): how far above its floor (docs/upgrades.md).
 cold-burst: $(STAMPS)/py-load node
 	$(PY) -m loadtests.cold_burst
+
+# The WAN pages' computing: each page on the WAN and with every delay 0.
+zero-delay: $(STAMPS)/py-load node
+	$(PY) -m loadtests.zero_delay
 
 # 30 minutes by default; e.g. make soak SOAK_ARGS="--websockets 9000 --cycles 3"
 soak: $(STAMPS)/py-load node
