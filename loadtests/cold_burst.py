@@ -71,8 +71,7 @@ def burst(runner: Runner, tls: str) -> list[float]:
 
 def zero_delay_bursts(stack: Stack, runner: Runner, rounds: int) -> dict[str, list[float]]:
     """The bursts again with every delay 0: their computing alone."""
-    for a, b in {tuple(sorted(pair)) for pair in stack.wan.links}:
-        stack.wan.set_pair(a, b, delay_ms=0.0)
+    stack.wan.set_every_delay(0.0)
     runner.warm_up("edge", count=2)
     samples: dict[str, list[float]] = {"1.3": [], "1.2": []}
     for _ in range(rounds):

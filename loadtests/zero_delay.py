@@ -64,8 +64,7 @@ def measure(count: int) -> dict[str, Any]:
             rtts = {s: path_rtts(SCENARIOS[s], _one_way_delays(stack)) for s in TERMINATORS}
             loads.append(Path("/proc/loadavg").read_text().split()[0])
             wan = load_pages(runner, count)
-            for a, b in {tuple(sorted(pair)) for pair in stack.wan.links}:
-                stack.wan.set_pair(a, b, delay_ms=0.0)
+            stack.wan.set_every_delay(0.0)
             loads.append(Path("/proc/loadavg").read_text().split()[0])
             zero = load_pages(runner, count)
             loads.append(Path("/proc/loadavg").read_text().split()[0])

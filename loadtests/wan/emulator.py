@@ -229,6 +229,12 @@ class WanEmulator:
                 self._delay.request({"op": "set", "pair": pair, "params": params.to_json()})
             self.links[(src, dst)] = params
 
+    def set_every_delay(self, delay_ms: float) -> None:
+        """Every pair's delay, both ways (``0``: what a measurement costs in
+        computing alone, ``make cold-burst`` and ``make zero-delay``)."""
+        for a, b in sorted({tuple(sorted(pair)) for pair in self.links}):
+            self.set_pair(a, b, delay_ms=delay_ms)
+
     def statistics(self) -> dict[str, Any]:
         """Counters from the delay process: per link, held packets, release lateness."""
         if self._delay is None:

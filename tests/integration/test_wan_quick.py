@@ -48,25 +48,32 @@ def skip_reason() -> str | None:
     return None
 
 
+def run_module(module: str, *args: str, timeout_s: float) -> tuple[int, str, int]:
+    """``python -m module args`` from the checkout, killed after ``timeout_s``:
+    (exit status, its output, its PID, which tags the emulator it made)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, output, proc.pid
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]:
     reason = skip_reason()
     if reason is not None:
         pytest.skip(reason)
     out = tmp_path_factory.mktemp("wan")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loadtests.wan.run", "--quick", "--results", str(out),
-         "--loss-rates", "0.01"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        output, _ = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return out, proc.pid, output
+    args = ["--quick", "--results", str(out), "--loss-rates", "0.01"]
+    _, output, pid = run_module("loadtests.wan.run", *args, timeout_s=400)
+    return out, pid, output
 
 
 def test_quick_run_writes_every_measurement_within_physics(

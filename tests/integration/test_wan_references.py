@@ -8,15 +8,12 @@ may be left behind. Skipped where ``make wan``'s stack cannot run."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from loadtests.wan import netns
-from tests.integration.test_wan_quick import skip_reason
+from tests.integration.test_wan_quick import run_module, skip_reason
 
 pytestmark = [pytest.mark.harness, pytest.mark.timeout(420)]
 
@@ -30,18 +27,7 @@ def run_script(module: str, results: Path, *args: str) -> tuple[int, str, int]:
     reason = skip_reason()
     if reason is not None:
         pytest.skip(reason)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", module, "--results", str(results), *args],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        output, _ = proc.communicate(timeout=380)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, output, proc.pid
+    return run_module(module, "--results", str(results), *args, timeout_s=380)
 
 
 def test_cold_bursts_are_as_fast_as_steady_ones_and_above_their_floor(tmp_path: Path) -> None:
