@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections import deque
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
@@ -50,7 +49,9 @@ class OutputLedger(Generic[R]):
         # is left to log once it is gone.
         self._log = weakref.WeakMethod(log)
         self._transport: asyncio.Transport | None = None
-        self._unflushed: deque[R] = deque()
+        # A list, not a deque: it holds a few records at most, and an empty
+        # deque costs 760 B on every idle connection (704 more than a list).
+        self._unflushed: list[R] = []
         self.queued = 0
 
     def attach(self, transport: asyncio.Transport) -> None:
@@ -104,7 +105,7 @@ class OutputLedger(Generic[R]):
             record = unflushed[0]
             if record.out_start >= 0 and sent < record.out_end and not final:
                 break
-            unflushed.popleft()
+            del unflushed[0]
             got_out = self.sent_for(record)
             if got_out < record.bytes_out and record.outcome == "ok":
                 record.outcome = "client_closed"

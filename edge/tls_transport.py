@@ -173,7 +173,9 @@ class TlsServerTransport(asyncio.Transport):
         self._reading = True
         self._writer = False
         self._paused_writing = False
-        self._wbuf: collections.deque[bytes] = collections.deque()
+        # A deque only while writes wait for the socket: an empty deque costs
+        # 760 B, on every idle connection (WebSockets, keep-alive).
+        self._wbuf: collections.deque[bytes] | tuple[()] = ()
         self._buffered = 0
         self._peer: Any = None
         self.geoedge_server_name: str | None = None
@@ -319,6 +321,8 @@ class TlsServerTransport(asyncio.Transport):
         """Write the queue; True once it is empty, False while it waits for
         readiness (armed) or when the connection failed."""
         tls, wbuf = self._tls, self._wbuf
+        if isinstance(wbuf, tuple):
+            return True
         while wbuf:
             try:
                 tls.write(wbuf[0])
@@ -336,6 +340,7 @@ class TlsServerTransport(asyncio.Transport):
             self._buffered -= size
             self._sent += size
             self._write_progress = self._loop.time()
+        self._wbuf = ()
         return True
 
     def _send_stalled(self) -> None:
@@ -377,6 +382,8 @@ class TlsServerTransport(asyncio.Transport):
                 self._close_socket(exc)
                 return
         chunk = bytes(data)
+        if isinstance(self._wbuf, tuple):
+            self._wbuf = collections.deque()
         self._wbuf.append(chunk)
         self._buffered += len(chunk)
         if not self._paused_writing and self._buffered > WRITE_HIGH_WATER:
@@ -545,7 +552,7 @@ class TlsServerTransport(asyncio.Transport):
         self._cancel_timer()
         self._loop.remove_reader(self._fd)
         self._stop_writer()
-        self._wbuf.clear()
+        self._wbuf = ()
         self._buffered = 0
         self._flushed_callback = None
         self._sock.close()

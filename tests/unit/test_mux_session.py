@@ -71,6 +71,20 @@ def test_a_request_and_response_stream_end_to_end() -> None:
     assert pair.client.resets == pair.server.resets == {}
 
 
+def test_a_stream_holds_a_send_queue_only_while_data_waits() -> None:
+    # An empty deque is 760 B: every idle stream (a WebSocket's, for hours) paid it.
+    pair = SessionPair().establish()
+    sid = pair.client.session.open_stream(META)
+    stream = pair.client.session._streams[sid]
+    assert stream.send_queue == ()
+    pair.client.session.send_data(sid, b"x" * 100)
+    pair.client.session.send_data(sid, b"y" * 50)
+    assert len(stream.send_queue) == 2 and stream.send_buffered == 150
+    frames = parse_frames(b"".join(pair.client.session.data_to_send()))
+    assert b"".join(f[3] for f in frames if f[0] == DATA) == b"x" * 100 + b"y" * 50
+    assert stream.send_queue == () and stream.send_buffered == 0
+
+
 def test_open_with_end_stream_carries_no_data() -> None:
     pair = SessionPair().establish()
     sid = pair.client.session.open_stream(META, end_stream=True)

@@ -88,7 +88,9 @@ class TunnelStream(asyncio.Transport):
         self.metadata = metadata
         self._protocol: asyncio.BaseProtocol | None = None
         self._reading_paused = False
-        self._held: deque[bytes] = deque()
+        # A deque only while data is held (an empty one is 760 B, on every
+        # idle stream: a WebSocket's, for hours).
+        self._held: deque[bytes] | tuple[()] = ()
         self._eof_received = False
         self._eof_sent = eof_sent  # opened with END_STREAM: nothing more to write
         self._closed = False
@@ -160,8 +162,12 @@ class TunnelStream(asyncio.Transport):
         if not self._reading_paused:
             return
         self._reading_paused = False
-        while self._held and not self._reading_paused and not self._closed:
-            self._deliver(self._held.popleft())
+        held = self._held
+        if isinstance(held, deque):
+            while held and not self._reading_paused and not self._closed:
+                self._deliver(held.popleft())
+            if not held:
+                self._held = ()
         if not self._held and self._eof_received and not self._reading_paused:
             self._deliver_eof()
 
@@ -188,6 +194,8 @@ class TunnelStream(asyncio.Transport):
 
     def _on_data(self, data: bytes) -> None:
         if self._reading_paused or self._held:
+            if isinstance(self._held, tuple):
+                self._held = deque()
             self._held.append(data)
         else:
             self._deliver(data)
@@ -228,7 +236,7 @@ class TunnelStream(asyncio.Transport):
         if self._closed:
             return
         self._closed = True
-        self._held.clear()
+        self._held = ()
         self._connection._stream_gone(self.stream_id)
         # The protocol usually holds this stream (as asyncio protocols hold their
         # transport): letting go of it here, as asyncio's own transports do after

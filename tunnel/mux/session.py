@@ -226,8 +226,7 @@ class Session:
         if data:
             if not stream.transition(StreamInput.SEND_DATA):
                 raise StreamClosedError(f"stream {stream_id} already ended locally")
-            stream.send_queue.append(data)
-            stream.send_buffered += len(data)
+            stream.queue_data(data)
         if end_stream and not stream.transition(StreamInput.SEND_END):
             raise StreamClosedError(f"stream {stream_id} already ended locally")
         if stream.send_window > 0 or (end_stream and not stream.send_buffered):
