@@ -252,6 +252,15 @@ class Http1Requests:
         ):
             self._redirect_to_https(head, path, redirect.https_port)
             return
+        cache = services.cache
+        hit = None
+        if (
+            cache is not None
+            and head.keep_alive
+            and head.http_version == b"1.1"
+            and not services.draining
+        ):
+            hit = cache.plain_hit(head)  # the common hit, answered here (no exchange)
         record = RequestRecord(
             method=method,
             path=path,
@@ -264,6 +273,10 @@ class Http1Requests:
             user_agent=user_agent_of(head),
             trace_id=head.trace_id,
         )
+        if hit is not None:
+            record.cache = "hit"
+            self.responses.answer_hit(record, hit)
+            return
         exchange = Exchange(services, self.responses, head, self._metadata, record)
         self.exchange = exchange
         exchange.start()

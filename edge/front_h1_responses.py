@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Protocol
+import time
+from typing import TYPE_CHECKING, Any, Protocol
 
 from edge.deadlines import Phase
 from edge.exchange import Exchange, RequestRecord
@@ -39,6 +40,9 @@ from edge.http1 import (
 from edge.http1.events import Headers
 from edge.ledger import OutputLedger
 from geoedge.logs import LogThrottle
+
+if TYPE_CHECKING:
+    from edge.cache.responses import PlainHit
 
 __all__ = ["PAUSED_BY_EXCHANGE", "PAUSED_BY_HOLD", "Http1Responses", "RequestSide"]
 
@@ -206,6 +210,23 @@ class Http1Responses:
             self._batch.append(data)
         else:
             self.transport.write(data)
+
+    def answer_hit(self, record: RequestRecord, hit: PlainHit) -> None:
+        """Write a stored response (:meth:`edge.cache.cache.EdgeCache.plain_hit`)
+        as the whole answer to ``record``'s request, with the fields
+        :meth:`response_head` adds to a response the connection outlives,
+        and log it once sent."""
+        record.status = hit.status
+        record.first_byte = time.monotonic()
+        parts = [hit.status_line]
+        if record.request_id:
+            parts += (b"X-Request-Id: ", record.request_id.encode(), b"\r\n")
+        if self._hsts is not None:
+            parts += (self._hsts, b"\r\n")
+        parts += (hit.fields, b"\r\n", hit.body)
+        self.write_response(record, b"".join(parts))
+        record.out_end = record.out_start + record.bytes_out
+        self.ledger.done(record, flush_now=self._batch is None)
 
     def answer_own(self, record: RequestRecord) -> None:
         """Answer with the edge's own error response for ``record.status`` (a

@@ -56,7 +56,7 @@ from edge.cache.policy import (
 )
 from edge.cache.purging import Purger
 from edge.cache.relay import Invalidator, NullClient
-from edge.cache.responses import Reply, serve, stored_reply, with_vary
+from edge.cache.responses import PlainHit, Reply, plain_hit, serve, stored_reply, with_vary
 from edge.cache.shared import SharedTier
 from edge.cache.store import CacheStore
 
@@ -64,6 +64,10 @@ if TYPE_CHECKING:
     from edge.http1 import RequestHeadReceived, ResponseHeadReceived
 
 __all__ = ["CacheCounters", "EdgeCache", "Lookup"]  # the last two: edge.cache.lookup
+
+#: Request fields that take a request off the plain-hit path (EdgeCache.plain_hit):
+#: its own directives (§5.2.1), credentials (§3.5), a range (§3.4).
+_REQUEST_DIRECTIVES = frozenset({b"cache-control", b"pragma", b"authorization", b"range"})
 
 _CONDITIONAL = frozenset(
     {
@@ -156,6 +160,51 @@ class EdgeCache:
         return self._lookup(
             exchange, lookup, self.config.collapse if collapse is None else collapse
         )
+
+    def plain_hit(self, request: RequestHeadReceived) -> PlainHit | None:
+        """The reply to ``request`` when it is the common hit — a GET or HEAD
+        with no body, no condition, range, cache directive or credentials,
+        no coding to negotiate, whose variant here is fresh — for a front end
+        to write without an exchange (:mod:`edge.front_h1_requests`); None:
+        anything else, which :meth:`admit` decides. What is sent and counted
+        is what :meth:`admit` would send and count (a differential test holds
+        the two to each other: tests/integration/test_cache_edge.py)."""
+        method = request.method
+        if (
+            not self.enabled
+            or (method != b"GET" and method != b"HEAD")
+            or request.expects_body
+            or request.websocket_upgrade is not None
+        ):
+            return None
+        fields = request.headers
+        for name, _ in fields:
+            if name[:3] == b"if-" or name in _REQUEST_DIRECTIVES:
+                return None
+        if self._bypassed(request):
+            return None
+        key = self.keys.make("https", request.host, request.target.decode("latin-1"), fields)
+        entry = next((v for v in self.store.variants(key.key) if variant_matches(v, fields)), None)
+        if entry is None or b"no-cache" in entry.facts.control:
+            return None
+        now = time.time()
+        if entry.age(now) >= entry.lifetime:
+            return None  # stale: served, revalidated or not, as admit says
+        compression = self.compression
+        if (
+            compression.enabled
+            and negotiate(fields, compression.encodings) is not None
+            and compressible(entry.status, entry.headers, compression)
+        ):
+            return None
+        self.store.touch(entry)
+        entry.hits += 1
+        self.counters.hits += 1
+        age = b"%d" % max(0, int(entry.age(now)))
+        cache_status = self.status_name + b"; hit; ttl=%d" % int(entry.ttl(now))
+        hit = plain_hit(entry, method == b"HEAD", age, cache_status, self.hidden_fields)
+        self.counters.bytes_served += len(hit.body)
+        return hit
 
     def resume(self, exchange: Any, *, collapse: bool) -> None:
         """A request that waited for a fetch: served from what it stored, or up itself."""

@@ -13,10 +13,11 @@ compressed, one entry per coding, each made once (:mod:`edge.cache.compress`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from edge.cache.freshness import ResponseFacts
 
-__all__ = ["ENTRY_OVERHEAD_BYTES", "NOT_STORED", "StoredResponse", "VaryValues"]
+__all__ = ["ENTRY_OVERHEAD_BYTES", "NOT_STORED", "PlainHead", "StoredResponse", "VaryValues"]
 
 NOT_STORED = frozenset(
     {
@@ -40,6 +41,16 @@ VaryValues = tuple[tuple[bytes, bytes | None], ...]
 """(field name, normalised request value or None when absent) per name ``Vary`` lists."""
 
 
+class PlainHead(NamedTuple):
+    """The fixed part of a stored response's whole reply, built at its first
+    such hit (edge.cache.responses.plain_head)."""
+
+    status_line: bytes
+    lines: bytes
+    """Its field lines, ``Content-Length`` last, each ending in CRLF."""
+    fields: tuple[tuple[bytes, bytes], ...]
+
+
 @dataclass(eq=False, slots=True)
 class StoredResponse:
     key: str
@@ -60,7 +71,7 @@ class StoredResponse:
     tags: frozenset[str] = frozenset()
     encoded: dict[str, bytes] = field(default_factory=dict)
     hits: int = 0
-    plain_head: tuple[bytes, tuple[tuple[bytes, bytes], ...]] | None = None
+    plain_head: PlainHead | None = None
     """The fixed part of its whole reply's head, built at its first such hit
     (edge.cache.responses); None again whenever its fields change."""
 

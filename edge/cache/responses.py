@@ -20,16 +20,26 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from edge.cache.compress import encoded_fields
 from edge.cache.conditions import UNSATISFIABLE, byte_range, not_modified
+from edge.cache.entry import PlainHead
 from edge.http1 import ResponseHeadReceived
 
 if TYPE_CHECKING:
     from edge.cache.entry import StoredResponse
 
-__all__ = ["Reply", "make_head", "serve", "stored_reply", "with_vary"]
+__all__ = [
+    "PlainHit",
+    "Reply",
+    "make_head",
+    "plain_head",
+    "plain_hit",
+    "serve",
+    "stored_reply",
+    "with_vary",
+]
 
 Fields = Sequence[tuple[bytes, bytes]]
 
@@ -148,15 +158,9 @@ def stored_reply(
     return Reply(head, b"" if head_only else body)
 
 
-def _plain_reply(
-    entry: StoredResponse,
-    head_only: bool,
-    age: bytes,
-    cache_status: bytes,
-    hidden: frozenset[bytes],
-) -> Reply:
-    """The whole stored response, as most hits are: its head's fixed part is
-    built once and kept with the entry (:attr:`StoredResponse.plain_head`)."""
+def plain_head(entry: StoredResponse, hidden: frozenset[bytes]) -> PlainHead:
+    """The fixed part of the head of ``entry``'s whole reply, built once and
+    kept with the entry (:attr:`StoredResponse.plain_head`)."""
     plain = entry.plain_head
     if plain is None:
         fields = tuple((n, v) for n, v in entry.headers if n not in hidden and n not in _FRAMING)
@@ -166,9 +170,48 @@ def _plain_reply(
             length = b"%d" % len(entry.body)
             fields += ((b"content-length", length),)
             lines += b"content-length: " + length + b"\r\n"
-        plain = entry.plain_head = (status_line + lines, fields)
-    prefix, fields = plain
-    head = b"".join((prefix, b"age: ", age, b"\r\ncache-status: ", cache_status, b"\r\n\r\n"))
+        plain = entry.plain_head = PlainHead(status_line, lines, fields)
+    return plain
+
+
+def plain_hit(
+    entry: StoredResponse,
+    head_only: bool,
+    age: bytes,
+    cache_status: bytes,
+    hidden: frozenset[bytes],
+) -> PlainHit:
+    """The whole stored response as raw HTTP/1.1 for a front end that writes
+    it itself (:meth:`edge.cache.cache.EdgeCache.plain_hit`): what
+    :func:`_plain_reply` answers, in parts, the head's last CRLF left out."""
+    plain = plain_head(entry, hidden)
+    fields = b"".join((plain.lines, b"age: ", age, b"\r\ncache-status: ", cache_status, b"\r\n"))
+    body = b"" if head_only else entry.body
+    return PlainHit(entry.status, plain.status_line, fields, body)
+
+
+def _plain_reply(
+    entry: StoredResponse,
+    head_only: bool,
+    age: bytes,
+    cache_status: bytes,
+    hidden: frozenset[bytes],
+) -> Reply:
+    """The whole stored response, as most hits are (its head's fixed part
+    kept with the entry: :func:`plain_head`)."""
+    plain = plain_head(entry, hidden)
+    fields = plain.fields
+    head = b"".join(
+        (
+            plain.status_line,
+            plain.lines,
+            b"age: ",
+            age,
+            b"\r\ncache-status: ",
+            cache_status,
+            b"\r\n\r\n",
+        )
+    )
     response = ResponseHeadReceived(
         status=entry.status,
         reason=entry.reason,
@@ -180,6 +223,19 @@ def _plain_reply(
         chunked=False,
     )
     return Reply(response, b"" if head_only else entry.body)
+
+
+class PlainHit(NamedTuple):
+    """A stored response's whole reply in raw HTTP/1.1 parts (:func:`plain_hit`)."""
+
+    status: int
+    status_line: bytes
+    fields: bytes
+    """The field lines (``Age`` and ``Cache-Status`` included), each ending in
+    CRLF; none is ``X-Request-Id`` (never stored: edge.cache.entry.NOT_STORED),
+    which the writer adds, and the empty line that ends the head is the
+    writer's too."""
+    body: bytes
 
 
 def serve(exchange: Any, client: Any, reply: Reply, *, finish: bool = True) -> None:

@@ -1,0 +1,143 @@
+"""The common cache hit answered by the HTTP/1.1 front end without an exchange
+(EdgeCache.plain_hit, Http1Responses.answer_hit), held to the general path
+(EdgeCache.admit through an exchange): for the same stored response, the same
+octets and the same log record, whichever path answers.
+
+The general path answers a request the plain path leaves to it but whose
+reply is the same (a request directive that changes nothing here: ``Pragma``
+with an extension token, RFC 9111 §5.4): the two answers may differ only in
+what is per request (the request id) or per second (``Age``, the ``ttl`` of
+``Cache-Status``)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from edge.cache.cache import EdgeCache
+from edge.cache.config import CacheConfig, CompressionConfig
+from edge.front_h1 import Http1Connection
+from tests.edge_fakes import FakeClientTransport, FakeServices
+
+STORED = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nCache-Control: public, max-age=3600\r\n"
+    b'ETag: "v1"\r\nSurrogate-Key: img logo\r\nConnection: keep-alive\r\n'
+    b"Keep-Alive: timeout=5\r\nContent-Length: 5\r\n\r\nhello"
+)
+PER_REQUEST = re.compile(rb"(X-Request-Id: |age: |ttl=)[\w-]+")
+
+
+def cache_services(*, hsts: bytes | None = None, compression: bool = False) -> FakeServices:
+    cache = EdgeCache(
+        CacheConfig(enabled=True), CompressionConfig(enabled=compression, min_bytes=1), "edge-test"
+    )
+    return FakeServices(cache=cache, hsts_field=hsts)
+
+
+def request(method: str = "GET", path: str = "/logo.png", *extra: str) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", "Host: app.test", *extra]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def answer(services: FakeServices, data: bytes) -> bytes:
+    client = Http1Connection(services, trusted=False)
+    transport = FakeClientTransport()
+    client.connection_made(transport)
+    client.data_received(data)
+    assert not transport.closed
+    return transport.take()
+
+
+def stored(services: FakeServices, response: bytes = STORED, path: str = "/logo.png") -> None:
+    """The first request goes up and fills the cache."""
+    client = Http1Connection(services, trusted=False)
+    transport = FakeClientTransport()
+    client.connection_made(transport)
+    client.data_received(request("GET", path))
+    services.streams[-1].respond(response)
+    assert b"fwd=uri-miss; stored" in transport.take()
+
+
+def normalised(data: bytes) -> bytes:
+    return PER_REQUEST.sub(rb"\1*", data)
+
+
+@pytest.mark.parametrize("hsts", [None, b"Strict-Transport-Security: max-age=63072000"])
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_a_plain_hit_is_the_general_paths_answer_octet_for_octet(
+    method: str, hsts: bytes | None
+) -> None:
+    services = cache_services(hsts=hsts)
+    stored(services)
+    streams = len(services.streams)
+    plain = answer(services, request(method))
+    general = answer(services, request(method, "/logo.png", "Pragma: x-general-path"))
+    assert len(services.streams) == streams  # both from the cache
+    assert normalised(plain) == normalised(general)
+    assert plain.startswith(b"HTTP/1.1 200 OK\r\nX-Request-Id: req")
+    assert b"cache-status: edge-test; hit; ttl=" in plain
+    assert (b"hello" in plain) == (method == "GET")
+    assert b"surrogate-key" not in plain.lower() and b"keep-alive" not in plain.lower()
+    plain_log, general_log = services.logged[-2], services.logged[-1]
+    assert plain_log[1] == len(plain) and general_log[1] == len(general)
+    for record, _sent in (plain_log, general_log):
+        assert (record.status, record.cache, record.outcome) == (200, "hit", "ok")
+        assert (record.method, record.path, record.host) == (method, "/logo.png", "app.test")
+        assert record.first_byte >= record.started > 0
+    assert services.cache.counters.hits == 2
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "goes_up"),
+    [
+        ("Range: bytes=0-1", b"206", False),
+        ('If-None-Match: "v1"', b"304", False),
+        ("Authorization: Bearer x", b"200", False),
+        ("Cache-Control: max-age=0", b"200", True),  # revalidated: 304 from the origin
+    ],
+)
+def test_what_the_plain_path_leaves_to_the_exchange_still_gets_its_answer(
+    extra: str, status: bytes, goes_up: bool
+) -> None:
+    services = cache_services()
+    stored(services)
+    streams = len(services.streams)
+    client = Http1Connection(services, trusted=False)
+    transport = FakeClientTransport()
+    client.connection_made(transport)
+    client.data_received(request("GET", "/logo.png", extra))
+    assert len(services.streams) == streams + goes_up
+    if goes_up:
+        services.streams[-1].respond(b'HTTP/1.1 304 Not Modified\r\nETag: "v1"\r\n\r\n')
+    assert transport.take().startswith(b"HTTP/1.1 " + status)
+
+
+def test_a_client_that_asks_to_close_gets_the_hit_and_the_close() -> None:
+    services = cache_services()
+    stored(services)
+    client = Http1Connection(services, trusted=False)
+    transport = FakeClientTransport()
+    client.connection_made(transport)
+    client.data_received(request("GET", "/logo.png", "Connection: close"))
+    answered = transport.take()
+    assert b"Connection: close\r\n" in answered and answered.endswith(b"\r\n\r\nhello")
+    assert transport.closed and services.logged[-1][0].cache == "hit"
+
+
+def test_a_coding_to_negotiate_goes_the_general_way_and_is_compressed_once() -> None:
+    services = cache_services(compression=True)
+    text = STORED.replace(b"image/png", b"text/plain").replace(b"5\r\n\r\nhello", b"5\r\n\r\nhello")
+    stored(services, text, "/a.txt")
+    plain = answer(services, request("GET", "/a.txt"))
+    coded = answer(services, request("GET", "/a.txt", "Accept-Encoding: gzip"))
+    assert b"content-encoding" not in plain.lower()
+    assert b"content-encoding: gzip" in coded.lower() and b"vary: accept-encoding" in coded.lower()
+
+
+def test_a_stale_entry_is_not_a_plain_hit() -> None:
+    services = cache_services()
+    stored(services, STORED.replace(b"max-age=3600", b"max-age=0"))
+    streams = len(services.streams)
+    answer(services, request())
+    assert len(services.streams) == streams + 1  # revalidated with the origin
