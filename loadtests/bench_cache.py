@@ -7,7 +7,12 @@ Hits: keep-alive requests per second for one stored 1 KiB response
 - geoedge: the edge (one worker, ``[cache]`` on, no access log) in front of
   origin → Node.js (tests/cache_backend.mjs), which a hit never reaches;
 - nginx (Debian's, one worker, ``proxy_cache`` on, no access log): TLS → the
-  same Node.js.
+  same Node.js;
+- the floor (:mod:`loadtests.hit_floor`): the edge's TLS listener and
+  transport answering every request with a fixed response of the hit's
+  size, no logic at all: ``floor_ratio`` (floor / nginx) is the best hit
+  ratio a Python edge of this shape could reach, ``floor_cpu_us`` what it
+  pays per request.
 
 Both use the same ECDSA P-256 certificate, the servers pinned to CPU 0 and
 wrk to CPU 1, best of ``rounds`` runs taken in alternating order (noise
@@ -47,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BACKEND = ROOT / "tests" / "cache_backend.mjs"
 NGINX = "/usr/sbin/nginx"
 PATH = "/bench?cc=public,max-age=3600&size=1024&type=text/plain"
-CHAINS = ("geoedge", "nginx")
+CHAINS = ("geoedge", "nginx", "floor")
 TARGET_RATIO = 0.5
 
 LEVELS = {"zstd": (1, 3, 6, 9), "br": (1, 4, 6, 9), "gzip": (1, 6, 9)}
@@ -98,6 +103,7 @@ class CacheStack:
         self.keys = edge_stack.make_pki(workdir / "pki")
         self.ports = edge_stack.Ports()
         self.nginx_port = devstack.free_port()
+        self.floor_port = devstack.free_port()
         self.processes = devstack.ProcessGroup()
         self.forked: list[int] = []
 
@@ -124,18 +130,22 @@ class CacheStack:
             env,
         )
         nginx = self._spawn("nginx", [NGINX, "-c", str(work / "nginx.conf")])
+        floor_argv = [*python, "loadtests.hit_floor", "--serve", str(self.floor_port)]
+        floor_argv += ["--cert", str(self.keys.server.cert), "--key", str(self.keys.server.key)]
+        floor = self._spawn("floor", floor_argv, env)
         devstack.wait_port(ports.edge, deadline, edge, work / "edge.log")
         devstack.wait_port(self.nginx_port, deadline, nginx, work / "nginx.log")
+        devstack.wait_port(self.floor_port, deadline, floor, work / "floor.log")
         devstack.wait_healthy(ports.edge_admin, deadline, "the edge", work / "edge.log", (origin,))
         for pid_of in ("edge", "origin"):
             self.forked += edge_stack.children(self.processes.procs[pid_of].pid)
 
     def port(self, chain: str) -> int:
-        return self.ports.edge if chain == "geoedge" else self.nginx_port
+        return {"geoedge": self.ports.edge, "nginx": self.nginx_port}.get(chain, self.floor_port)
 
     def server_pids(self, chain: str) -> list[int]:
-        names = ("edge",) if chain == "geoedge" else ("nginx",)
-        return [self.processes.procs[name].pid for name in names]
+        name = {"geoedge": "edge"}.get(chain, chain)
+        return [self.processes.procs[name].pid]
 
     def stop(self) -> None:
         self.processes.stop()
@@ -148,7 +158,7 @@ def warm(stack: CacheStack) -> None:
     import ssl
 
     context = ssl.create_default_context(cafile=str(stack.keys.ca))
-    for chain in CHAINS:
+    for chain in ("geoedge", "nginx"):
         for _ in range(3):
             conn = http.client.HTTPSConnection("localhost", stack.port(chain), context=context)
             conn.request("GET", PATH)
@@ -177,11 +187,15 @@ def hits(stack: CacheStack, rounds: int, seconds: float) -> dict[str, Any]:
                 }
             )
     best = {chain: max(r["per_s"] for r in runs[chain]) for chain in CHAINS}
+    cheapest = {chain: min(r["server_cpu_us_per_request"] for r in runs[chain]) for chain in CHAINS}
     return {
         "cache_hit_rps": best["geoedge"],
         "nginx_cache_hit_rps": best["nginx"],
         "cache_hit_ratio": round(best["geoedge"] / best["nginx"], 3),
         "target_ratio": TARGET_RATIO,
+        "floor_rps": best["floor"],
+        "floor_ratio": round(best["floor"] / best["nginx"], 3),
+        "cpu_us_per_request": cheapest,
         "runs": runs,
     }
 
@@ -264,7 +278,12 @@ def report(result: dict[str, Any]) -> str:
         lines.append(
             f"cache hits: geoedge {found['cache_hit_rps']:.0f}/s, nginx proxy_cache "
             f"{found['nginx_cache_hit_rps']:.0f}/s: {found['cache_hit_ratio']:.2f}x "
-            f"(target >= {TARGET_RATIO}x)"
+            f"(target >= {TARGET_RATIO}x); the floor (loadtests/hit_floor.py) "
+            f"{found['floor_rps']:.0f}/s, {found['floor_ratio']:.2f}x"
+        )
+        cpu = found["cpu_us_per_request"]
+        lines.append(
+            "  server CPU per hit: " + ", ".join(f"{chain} {cpu[chain]:.0f} us" for chain in CHAINS)
         )
     table = result["compression"]
     lines.append(
