@@ -141,3 +141,20 @@ def test_a_stale_entry_is_not_a_plain_hit() -> None:
     streams = len(services.streams)
     answer(services, request())
     assert len(services.streams) == streams + 1  # revalidated with the origin
+
+
+def test_a_hit_pipelined_behind_a_request_that_went_up_keeps_its_place() -> None:
+    services = cache_services()
+    stored(services)
+    client = Http1Connection(services, trusted=False)
+    transport = FakeClientTransport()
+    client.connection_made(transport)
+    client.data_received(request("GET", "/live") + request("GET", "/logo.png"))
+    assert transport.take() == b""  # the hit waits for the answer before it
+    services.streams[-1].respond(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlive")
+    answered = transport.take()
+    assert answered.index(b"\r\n\r\nlive") < answered.index(b"hit; ttl=")
+    assert answered.endswith(b"\r\n\r\nhello") and not transport.closed
+    live, hit = services.logged[-2], services.logged[-1]
+    assert (live[0].path, hit[0].path, hit[0].cache) == ("/live", "/logo.png", "hit")
+    assert live[1] + hit[1] == len(answered)
