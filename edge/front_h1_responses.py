@@ -218,13 +218,12 @@ class Http1Responses:
         and log it once sent."""
         record.status = hit.status
         record.first_byte = time.monotonic()
-        parts = [hit.status_line]
+        added = b""
         if record.request_id:
-            parts += (b"X-Request-Id: ", record.request_id.encode(), b"\r\n")
+            added = b"X-Request-Id: " + record.request_id.encode() + b"\r\n"
         if self._hsts is not None:
-            parts += (self._hsts, b"\r\n")
-        parts += (hit.fields, b"\r\n", hit.body)
-        self.write_response(record, b"".join(parts))
+            added += self._hsts + b"\r\n"
+        self.write_response(record, hit.raw_head(added) + hit.body)
         record.out_end = record.out_start + record.bytes_out
         self.ledger.done(record, flush_now=self._batch is None)
 

@@ -222,6 +222,13 @@ class Http2Requests:
             record.outcome, record.reason = "rejected", "request rate limit"
             stream.respond(429)
             return
+        cache = services.cache
+        if cache is not None and not stream.websocket:
+            hit = cache.plain_hit(head)  # the common hit, answered here (no exchange)
+            if hit is not None:
+                record.cache = "hit"
+                stream.answer_hit(hit)
+                return
         exchange = Exchange(services, stream, head, self._metadata, record, decode_chunked=True)
         stream.exchange = exchange
         exchange.start()

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import h2.errors
 import h2.exceptions
@@ -35,6 +35,9 @@ from edge.h2_translate import response_fields, response_trailers
 from edge.http1 import RequestReader, ResponseHeadReceived
 from edge.http1.events import Headers
 from edge.ledger import OutputLedger
+
+if TYPE_CHECKING:
+    from edge.cache.responses import PlainHit
 
 __all__ = ["RESPONSE_BUFFER", "ClientStream", "StreamHost"]
 
@@ -323,6 +326,25 @@ class ClientStream:
         self.pump()
         if self.exchange is None:
             self.settle()
+
+    def answer_hit(self, hit: PlainHit) -> None:
+        """Answer with a stored response (:meth:`edge.cache.cache.EdgeCache.plain_hit`),
+        with the fields :meth:`response_head` adds; no exchange."""
+        record = self.record
+        assert record is not None  # set by the request side before it asks the cache
+        record.status = hit.status
+        record.first_byte = time.monotonic()
+        fields = response_fields(hit.status, hit.fields, websocket=False, extra=self.session.hsts)
+        if record.request_id:
+            fields.append((b"x-request-id", record.request_id.encode()))
+        self.send_headers(fields)
+        record.bytes_out += len(hit.raw_head())  # as response_head counts a head
+        if hit.body:
+            self.out.append(hit.body)
+            self.out_bytes += len(hit.body)
+        self.end_pending = True
+        self.pump()
+        self.settle()
 
     # -- endings ----------------------------------------------------------------------
 

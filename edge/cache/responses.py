@@ -181,13 +181,11 @@ def plain_hit(
     cache_status: bytes,
     hidden: frozenset[bytes],
 ) -> PlainHit:
-    """The whole stored response as raw HTTP/1.1 for a front end that writes
-    it itself (:meth:`edge.cache.cache.EdgeCache.plain_hit`): what
-    :func:`_plain_reply` answers, in parts, the head's last CRLF left out."""
-    plain = plain_head(entry, hidden)
-    fields = b"".join((plain.lines, b"age: ", age, b"\r\ncache-status: ", cache_status, b"\r\n"))
+    """The whole stored response, in parts, for a front end that writes it
+    itself (:meth:`edge.cache.cache.EdgeCache.plain_hit`): what
+    :func:`_plain_reply` answers."""
     body = b"" if head_only else entry.body
-    return PlainHit(entry.status, plain.status_line, fields, body)
+    return PlainHit(entry.status, plain_head(entry, hidden), age, cache_status, body)
 
 
 def _plain_reply(
@@ -199,43 +197,53 @@ def _plain_reply(
 ) -> Reply:
     """The whole stored response, as most hits are (its head's fixed part
     kept with the entry: :func:`plain_head`)."""
-    plain = plain_head(entry, hidden)
-    fields = plain.fields
-    head = b"".join(
-        (
-            plain.status_line,
-            plain.lines,
-            b"age: ",
-            age,
-            b"\r\ncache-status: ",
-            cache_status,
-            b"\r\n\r\n",
-        )
-    )
+    hit = plain_hit(entry, head_only, age, cache_status, hidden)
     response = ResponseHeadReceived(
         status=entry.status,
         reason=entry.reason,
         http_version=b"1.1",
-        headers=(*fields, (b"age", age), (b"cache-status", cache_status)),
-        head=head,
+        headers=hit.fields,
+        head=hit.raw_head(),
         keep_alive=True,
         content_length=len(entry.body),
         chunked=False,
     )
-    return Reply(response, b"" if head_only else entry.body)
+    return Reply(response, hit.body)
 
 
 class PlainHit(NamedTuple):
-    """A stored response's whole reply in raw HTTP/1.1 parts (:func:`plain_hit`)."""
+    """A stored response's whole reply, in parts (:func:`plain_hit`): its head's
+    fixed part, then ``Age`` and ``Cache-Status``. None of its fields is
+    ``X-Request-Id`` (never stored: edge.cache.entry.NOT_STORED): the front
+    end adds its own, as it does to any response."""
 
     status: int
-    status_line: bytes
-    fields: bytes
-    """The field lines (``Age`` and ``Cache-Status`` included), each ending in
-    CRLF; none is ``X-Request-Id`` (never stored: edge.cache.entry.NOT_STORED),
-    which the writer adds, and the empty line that ends the head is the
-    writer's too."""
+    head: PlainHead
+    age: bytes
+    cache_status: bytes
     body: bytes
+
+    def raw_head(self, added: bytes = b"") -> bytes:
+        """The HTTP/1.1 head, with the field lines ``added`` (each ending in
+        CRLF) right after the status line (edge.http1.response.with_field)."""
+        head = self.head
+        return b"".join(
+            (
+                head.status_line,
+                added,
+                head.lines,
+                b"age: ",
+                self.age,
+                b"\r\ncache-status: ",
+                self.cache_status,
+                b"\r\n\r\n",
+            )
+        )
+
+    @property
+    def fields(self) -> tuple[tuple[bytes, bytes], ...]:
+        """The head's fields (lowercase names), for HTTP/2."""
+        return (*self.head.fields, (b"age", self.age), (b"cache-status", self.cache_status))
 
 
 def serve(exchange: Any, client: Any, reply: Reply, *, finish: bool = True) -> None:

@@ -11,13 +11,20 @@ what is per request (the request id) or per second (``Age``, the ``ttl`` of
 
 from __future__ import annotations
 
+import asyncio
 import re
+from typing import Any
 
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 
 from edge.cache.cache import EdgeCache
 from edge.cache.config import CacheConfig, CompressionConfig
 from edge.front_h1 import Http1Connection
+from edge.front_h2 import Http2Connection
+from tests.conftest import run_async
 from tests.edge_fakes import FakeClientTransport, FakeServices
 
 STORED = (
@@ -63,6 +70,20 @@ def normalised(data: bytes) -> bytes:
     return PER_REQUEST.sub(rb"\1*", data)
 
 
+def count_admits(services: FakeServices) -> list[bytes]:
+    """The paths of the requests the general path (EdgeCache.admit) takes from now on."""
+    cache = services.cache
+    admitted: list[bytes] = []
+    admit = cache.admit
+
+    def counted(exchange: Any, **options: Any) -> bool:
+        admitted.append(exchange.request.target)
+        return admit(exchange, **options)
+
+    cache.admit = counted
+    return admitted
+
+
 @pytest.mark.parametrize("hsts", [None, b"Strict-Transport-Security: max-age=63072000"])
 @pytest.mark.parametrize("method", ["GET", "HEAD"])
 def test_a_plain_hit_is_the_general_paths_answer_octet_for_octet(
@@ -71,8 +92,11 @@ def test_a_plain_hit_is_the_general_paths_answer_octet_for_octet(
     services = cache_services(hsts=hsts)
     stored(services)
     streams = len(services.streams)
+    admitted = count_admits(services)
     plain = answer(services, request(method))
+    assert admitted == []  # answered without an exchange
     general = answer(services, request(method, "/logo.png", "Pragma: x-general-path"))
+    assert admitted == [b"/logo.png"]
     assert len(services.streams) == streams  # both from the cache
     assert normalised(plain) == normalised(general)
     assert plain.startswith(b"HTTP/1.1 200 OK\r\nX-Request-Id: req")
@@ -158,3 +182,73 @@ def test_a_hit_pipelined_behind_a_request_that_went_up_keeps_its_place() -> None
     live, hit = services.logged[-2], services.logged[-1]
     assert (live[0].path, hit[0].path, hit[0].cache) == ("/live", "/logo.png", "hit")
     assert live[1] + hit[1] == len(answered)
+
+
+# -- HTTP/2 (each engine: tests/h2_engines.py) ----------------------------------------
+
+
+async def _h2_answers(
+    services: FakeServices, requests: list[list[tuple[bytes, bytes]]]
+) -> list[tuple[list[tuple[bytes, bytes]], bytes]]:
+    """Each request on its own stream of one connection, answered in turn:
+    (the response's fields, its body) as an ``h2`` client reads them."""
+    transport = FakeClientTransport()
+    server = Http2Connection(services, trusted=False)
+    server.connection_made(transport)
+    client = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding=None)
+    )
+    client.initiate_connection()
+    server.data_received(client.data_to_send())
+    answers = []
+    for index, fields in enumerate(requests):
+        stream_id = 1 + 2 * index
+        client.send_headers(stream_id, fields, end_stream=True)
+        server.data_received(client.data_to_send())
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        head: list[tuple[bytes, bytes]] = []
+        body = b""
+        for event in client.receive_data(transport.take()):
+            if isinstance(event, h2.events.ResponseReceived) and event.stream_id == stream_id:
+                head = list(event.headers)
+            elif isinstance(event, h2.events.DataReceived) and event.stream_id == stream_id:
+                body += event.data
+        server.data_received(client.data_to_send())
+        answers.append((head, body))
+    return answers
+
+
+def _h2_request(method: bytes, *extra: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
+    base = [(b":method", method), (b":path", b"/logo.png"), (b":scheme", b"https")]
+    return [*base, (b":authority", b"app.test"), *extra]
+
+
+@pytest.mark.usefixtures("h2_engine")
+@pytest.mark.parametrize("hsts", [None, b"Strict-Transport-Security: max-age=63072000"])
+@pytest.mark.parametrize("method", [b"GET", b"HEAD"])
+def test_an_http2_plain_hit_is_the_general_paths_answer(method: bytes, hsts: bytes | None) -> None:
+    services = cache_services(hsts=hsts)
+    stored(services)
+    streams, logged = len(services.streams), len(services.logged)
+    admitted = count_admits(services)
+    general = (b"pragma", b"x-general-path")
+    (plain, plain_body), (other, other_body) = run_async(
+        _h2_answers(services, [_h2_request(method), _h2_request(method, general)])
+    )
+    assert admitted == [b"/logo.png"]  # the second only
+    assert len(services.streams) == streams  # both from the cache
+    per_request = {b"age", b"x-request-id"}
+
+    def kept(fields: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        return [(n, PER_REQUEST.sub(rb"\1*", v)) for n, v in fields if n not in per_request]
+
+    assert kept(plain) == kept(other) and plain_body == other_body
+    assert (b":status", b"200") in plain and (b"x-request-id", b"req0002") in plain
+    assert (plain_body == b"hello") == (method == b"GET")
+    assert [n for n, _ in plain].count(b"strict-transport-security") == (hsts is not None)
+    records = [record for record, _ in services.logged[logged:]]
+    assert [(r.protocol, r.status, r.cache, r.outcome) for r in records] == [
+        ("h2", 200, "hit", "ok")
+    ] * 2
+    assert records[0].bytes_out == records[1].bytes_out > 0
