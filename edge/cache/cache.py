@@ -65,6 +65,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CacheCounters", "EdgeCache", "Lookup"]  # the last two: edge.cache.lookup
 
+#: Distinct Accept-Encoding values whose coding is kept (EdgeCache._coding).
+_CODINGS_KEPT = 256
+
 #: Request fields that take a request off the plain-hit path (EdgeCache.plain_hit):
 #: its own directives (§5.2.1), credentials (§3.5), a range (§3.4).
 _REQUEST_DIRECTIVES = frozenset({b"cache-control", b"pragma", b"authorization", b"range"})
@@ -118,6 +121,7 @@ class EdgeCache:
         self.fills: dict[str, Fill] = {}
         self.passes = PassMarks(config.hit_for_pass_s)
         self.counters = CacheCounters()
+        self._codings: dict[bytes, str | None] = {}  # Accept-Encoding value -> coding
         self.purger = Purger(self.store, self.shared, config.key, self.counters)
 
     # -- the exchange's seam -------------------------------------------------------------
@@ -142,7 +146,7 @@ class EdgeCache:
             key=None,
             request=RequestFacts.of(method, fields),
             fields=fields,
-            coding=negotiate(fields, compression.encodings) if compression.enabled else None,
+            coding=self._coding(fields) if compression.enabled else None,
             fwd="bypass",
             head_only=method == b"HEAD",
             frame_h1=not exchange.decode_chunked,
@@ -164,11 +168,12 @@ class EdgeCache:
     def plain_hit(self, request: RequestHeadReceived) -> PlainHit | None:
         """The reply to ``request`` when it is the common hit — a GET or HEAD
         with no body, no condition, range, cache directive or credentials,
-        no coding to negotiate, whose variant here is fresh — for a front end
-        to write without an exchange (:mod:`edge.front_h1_requests`); None:
+        whose variant here is fresh (and, for a coding the client accepts,
+        compressed already) — for a front end to write without an exchange
+        (:mod:`edge.front_h1_requests`, :mod:`edge.front_h2_requests`); None:
         anything else, which :meth:`admit` decides. What is sent and counted
         is what :meth:`admit` would send and count (a differential test holds
-        the two to each other: tests/integration/test_cache_edge.py)."""
+        the two to each other: tests/unit/test_edge_plain_hits.py)."""
         method = request.method
         if (
             not self.enabled
@@ -190,21 +195,43 @@ class EdgeCache:
         now = time.time()
         if entry.age(now) >= entry.lifetime:
             return None  # stale: served, revalidated or not, as admit says
-        compression = self.compression
-        if (
-            compression.enabled
-            and negotiate(fields, compression.encodings) is not None
-            and compressible(entry.status, entry.headers, compression)
-        ):
-            return None
+        head_only = method == b"HEAD"
+        coding = ""
+        if not head_only and self._compressible(entry):
+            coding = self._coding(fields) or ""
+            if coding and coding not in entry.encoded:
+                return None  # its first such hit: admit compresses it and keeps it
         self.store.touch(entry)
         entry.hits += 1
         self.counters.hits += 1
         age = b"%d" % max(0, int(entry.age(now)))
         cache_status = self.status_name + b"; hit; ttl=%d" % int(entry.ttl(now))
-        hit = plain_hit(entry, method == b"HEAD", age, cache_status, self.hidden_fields)
+        hit = plain_hit(entry, head_only, age, cache_status, self.hidden_fields, coding)
         self.counters.bytes_served += len(hit.body)
         return hit
+
+    def _compressible(self, entry: StoredResponse) -> bool:
+        """May ``entry`` be sent compressed (asked once per entry's fields)?"""
+        config = self.compression
+        if not config.enabled:
+            return False
+        if entry.compressible is None:
+            entry.compressible = compressible(entry.status, entry.headers, config)
+        return entry.compressible
+
+    def _coding(self, fields: Any) -> str | None:
+        """The coding a request with ``fields`` gets (edge.cache.compress.negotiate),
+        kept per ``Accept-Encoding`` value: browsers send a handful of them."""
+        accepted = [value for name, value in fields if name == b"accept-encoding"]
+        if len(accepted) != 1:
+            return negotiate(fields, self.compression.encodings)
+        codings = self._codings
+        value = accepted[0]
+        if value not in codings:
+            if len(codings) >= _CODINGS_KEPT:
+                codings.clear()
+            codings[value] = negotiate(fields, self.compression.encodings)
+        return codings[value]
 
     def resume(self, exchange: Any, *, collapse: bool) -> None:
         """A request that waited for a fetch: served from what it stored, or up itself."""
@@ -338,7 +365,7 @@ class EdgeCache:
         cache_status = self.status_name + b"; " + status + b"; ttl=%d" % ttl
         coding, encoded = lookup.coding, None
         config = self.compression
-        if config.enabled and compressible(entry.status, entry.headers, config):
+        if self._compressible(entry):
             if coding is not None and not lookup.head_only:
                 encoded = entry.encoded.get(coding)
                 if encoded is None:
@@ -415,7 +442,8 @@ class EdgeCache:
         facts = ResponseFacts.of(entry.status, fields, self.freshness)
         update = ResponseFacts.of(304, head.headers, self.freshness)
         entry.headers = fields
-        entry.plain_head = None
+        entry.plain_heads.clear()
+        entry.compressible = None
         entry.facts = facts
         entry.request_time = request_time
         entry.response_time = response_time

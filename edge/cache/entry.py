@@ -71,9 +71,13 @@ class StoredResponse:
     tags: frozenset[str] = frozenset()
     encoded: dict[str, bytes] = field(default_factory=dict)
     hits: int = 0
-    plain_head: PlainHead | None = None
-    """The fixed part of its whole reply's head, built at its first such hit
-    (edge.cache.responses); None again whenever its fields change."""
+    plain_heads: dict[str, PlainHead] = field(default_factory=dict)
+    """The fixed part of its whole reply's head per coding ("" for none), each
+    built at its first such hit (edge.cache.responses); emptied whenever its
+    fields change."""
+    compressible: bool | None = None
+    """May the edge compress it (edge.cache.compress.compressible), once
+    asked; None again whenever its fields change."""
 
     @property
     def size(self) -> int:

@@ -127,8 +127,10 @@ def stored_reply(
             ranges = value
         elif name[:3] == b"if-":
             conditional = True
-    if ranges is None and not conditional and coding is None and not extra:
-        return _plain_reply(entry, head_only, age, cache_status, hidden)
+    if ranges is None and not conditional and not extra:
+        if coding is None or encoded is None:  # (a HEAD gets the identity head)
+            return _plain_reply(entry, head_only, age, cache_status, hidden)
+        return _plain_reply(entry, head_only, age, cache_status, hidden, coding)
     fields = [(n, v) for n, v in entry.headers if n not in hidden]
     status, body = entry.status, entry.body
     if conditional and not_modified(entry, request_fields):
@@ -158,19 +160,24 @@ def stored_reply(
     return Reply(head, b"" if head_only else body)
 
 
-def plain_head(entry: StoredResponse, hidden: frozenset[bytes]) -> PlainHead:
-    """The fixed part of the head of ``entry``'s whole reply, built once and
-    kept with the entry (:attr:`StoredResponse.plain_head`)."""
-    plain = entry.plain_head
+def plain_head(entry: StoredResponse, hidden: frozenset[bytes], coding: str = "") -> PlainHead:
+    """The fixed part of the head of ``entry``'s whole reply, its body
+    compressed with ``coding`` (kept in ``entry.encoded``) or not (""), built
+    once and kept with the entry (:attr:`StoredResponse.plain_heads`)."""
+    plain = entry.plain_heads.get(coding)
     if plain is None:
-        fields = tuple((n, v) for n, v in entry.headers if n not in hidden and n not in _FRAMING)
+        fields: Fields = [(n, v) for n, v in entry.headers if n not in hidden]
+        body = entry.body
+        if coding:
+            fields, body = encoded_fields(fields, coding), entry.encoded[coding]
+        kept = tuple((n, v) for n, v in fields if n not in _FRAMING)
         status_line = b"HTTP/1.1 %d %s\r\n" % (entry.status, entry.reason or b"-")
-        lines = b"".join(n + b": " + v + b"\r\n" for n, v in fields)
+        lines = b"".join(n + b": " + v + b"\r\n" for n, v in kept)
         if entry.status != 204:  # RFC 9110 §8.6: never on a 204
-            length = b"%d" % len(entry.body)
-            fields += ((b"content-length", length),)
+            length = b"%d" % len(body)
+            kept += ((b"content-length", length),)
             lines += b"content-length: " + length + b"\r\n"
-        plain = entry.plain_head = PlainHead(status_line, lines, fields)
+        plain = entry.plain_heads[coding] = PlainHead(status_line, lines, kept)
     return plain
 
 
@@ -180,12 +187,14 @@ def plain_hit(
     age: bytes,
     cache_status: bytes,
     hidden: frozenset[bytes],
+    coding: str = "",
 ) -> PlainHit:
-    """The whole stored response, in parts, for a front end that writes it
+    """The whole stored response, its body compressed with ``coding`` (kept in
+    ``entry.encoded``) or not (""), in parts, for a front end that writes it
     itself (:meth:`edge.cache.cache.EdgeCache.plain_hit`): what
     :func:`_plain_reply` answers."""
-    body = b"" if head_only else entry.body
-    return PlainHit(entry.status, plain_head(entry, hidden), age, cache_status, body)
+    body = b"" if head_only else entry.encoded[coding] if coding else entry.body
+    return PlainHit(entry.status, plain_head(entry, hidden, coding), age, cache_status, body)
 
 
 def _plain_reply(
@@ -194,10 +203,11 @@ def _plain_reply(
     age: bytes,
     cache_status: bytes,
     hidden: frozenset[bytes],
+    coding: str = "",
 ) -> Reply:
     """The whole stored response, as most hits are (its head's fixed part
     kept with the entry: :func:`plain_head`)."""
-    hit = plain_hit(entry, head_only, age, cache_status, hidden)
+    hit = plain_hit(entry, head_only, age, cache_status, hidden, coding)
     response = ResponseHeadReceived(
         status=entry.status,
         reason=entry.reason,
@@ -205,7 +215,7 @@ def _plain_reply(
         headers=hit.fields,
         head=hit.raw_head(),
         keep_alive=True,
-        content_length=len(entry.body),
+        content_length=len(entry.encoded[coding]) if coding else len(entry.body),
         chunked=False,
     )
     return Reply(response, hit.body)

@@ -12,6 +12,7 @@ what is per request (the request id) or per second (``Age``, the ``ttl`` of
 from __future__ import annotations
 
 import asyncio
+import gzip
 import re
 from typing import Any
 
@@ -149,14 +150,27 @@ def test_a_client_that_asks_to_close_gets_the_hit_and_the_close() -> None:
     assert transport.closed and services.logged[-1][0].cache == "hit"
 
 
-def test_a_coding_to_negotiate_goes_the_general_way_and_is_compressed_once() -> None:
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_a_coded_hit_is_plain_once_its_coded_body_is_kept(method: str) -> None:
     services = cache_services(compression=True)
-    text = STORED.replace(b"image/png", b"text/plain").replace(b"5\r\n\r\nhello", b"5\r\n\r\nhello")
+    text = STORED.replace(b"image/png", b"text/plain")
     stored(services, text, "/a.txt")
-    plain = answer(services, request("GET", "/a.txt"))
-    coded = answer(services, request("GET", "/a.txt", "Accept-Encoding: gzip"))
-    assert b"content-encoding" not in plain.lower()
-    assert b"content-encoding: gzip" in coded.lower() and b"vary: accept-encoding" in coded.lower()
+    admitted = count_admits(services)
+    accepts = "Accept-Encoding: gzip, br;q=0.5"
+    first = answer(services, request(method, "/a.txt", accepts))  # compresses, keeps it
+    second = answer(services, request(method, "/a.txt", accepts))
+    identity = answer(services, request(method, "/a.txt"))
+    assert admitted == ([b"/a.txt"] if method == "GET" else [])
+    assert normalised(first) == normalised(second)
+    if method == "GET":
+        assert b"content-encoding: gzip" in second and b'etag: W/"v1"' in second
+        assert gzip.decompress(second.partition(b"\r\n\r\n")[2]) == b"hello"
+    else:  # a HEAD is answered with the identity head, on either path
+        assert normalised(second) == normalised(identity)
+    assert b"content-encoding" not in identity and identity.endswith(
+        b"\r\n\r\n" + (b"hello" if method == "GET" else b"")
+    )
+    assert b"vary: accept-encoding" in second.lower()
 
 
 def test_a_stale_entry_is_not_a_plain_hit() -> None:
