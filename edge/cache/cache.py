@@ -193,7 +193,8 @@ class EdgeCache:
         if entry is None or b"no-cache" in entry.facts.control:
             return None
         now = time.time()
-        if entry.age(now) >= entry.lifetime:
+        age_s = entry.age(now)
+        if age_s >= entry.lifetime:
             return None  # stale: served, revalidated or not, as admit says
         head_only = method == b"HEAD"
         coding = ""
@@ -204,7 +205,7 @@ class EdgeCache:
         self.store.touch(entry)
         entry.hits += 1
         self.counters.hits += 1
-        age = b"%d" % max(0, int(entry.age(now)))
+        age = b"%d" % max(0, int(age_s))
         cache_status = self.status_name + b"; hit; ttl=%d" % int(entry.ttl(now))
         hit = plain_hit(entry, head_only, age, cache_status, self.hidden_fields, coding)
         self.counters.bytes_served += len(hit.body)

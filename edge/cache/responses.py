@@ -128,9 +128,9 @@ def stored_reply(
         elif name[:3] == b"if-":
             conditional = True
     if ranges is None and not conditional and not extra:
-        if coding is None or encoded is None:  # (a HEAD gets the identity head)
-            return _plain_reply(entry, head_only, age, cache_status, hidden)
-        return _plain_reply(entry, head_only, age, cache_status, hidden, coding)
+        plain_coding = coding if coding is not None and encoded is not None else ""
+        # (a HEAD gets the identity head: it has no coded body)
+        return _plain_reply(plain_hit(entry, head_only, age, cache_status, hidden, plain_coding))
     fields = [(n, v) for n, v in entry.headers if n not in hidden]
     status, body = entry.status, entry.body
     if conditional and not_modified(entry, request_fields):
@@ -193,29 +193,24 @@ def plain_hit(
     ``entry.encoded``) or not (""), in parts, for a front end that writes it
     itself (:meth:`edge.cache.cache.EdgeCache.plain_hit`): what
     :func:`_plain_reply` answers."""
-    body = b"" if head_only else entry.encoded[coding] if coding else entry.body
-    return PlainHit(entry.status, plain_head(entry, hidden, coding), age, cache_status, body)
+    whole = entry.encoded[coding] if coding else entry.body
+    head = plain_head(entry, hidden, coding)
+    body = b"" if head_only else whole
+    return PlainHit(entry.status, entry.reason, head, age, cache_status, body, len(whole))
 
 
-def _plain_reply(
-    entry: StoredResponse,
-    head_only: bool,
-    age: bytes,
-    cache_status: bytes,
-    hidden: frozenset[bytes],
-    coding: str = "",
-) -> Reply:
-    """The whole stored response, as most hits are (its head's fixed part
-    kept with the entry: :func:`plain_head`)."""
-    hit = plain_hit(entry, head_only, age, cache_status, hidden, coding)
+def _plain_reply(hit: PlainHit) -> Reply:
+    """``hit`` as the exchange's clients take a reply (most hits that do not
+    take the front ends' plain path are such: its head's fixed part is kept
+    with the entry, :func:`plain_head`)."""
     response = ResponseHeadReceived(
-        status=entry.status,
-        reason=entry.reason,
+        status=hit.status,
+        reason=hit.reason,
         http_version=b"1.1",
         headers=hit.fields,
         head=hit.raw_head(),
         keep_alive=True,
-        content_length=len(entry.encoded[coding]) if coding else len(entry.body),
+        content_length=hit.length,
         chunked=False,
     )
     return Reply(response, hit.body)
@@ -228,10 +223,14 @@ class PlainHit(NamedTuple):
     end adds its own, as it does to any response."""
 
     status: int
+    reason: bytes
     head: PlainHead
     age: bytes
     cache_status: bytes
     body: bytes
+    """Empty for a HEAD."""
+    length: int
+    """The whole body's (what its ``Content-Length`` says)."""
 
     def raw_head(self, added: bytes = b"") -> bytes:
         """The HTTP/1.1 head, with the field lines ``added`` (each ending in

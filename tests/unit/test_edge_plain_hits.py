@@ -48,10 +48,15 @@ def request(method: str = "GET", path: str = "/logo.png", *extra: str) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-def answer(services: FakeServices, data: bytes) -> bytes:
+def connect(services: FakeServices) -> tuple[Http1Connection, FakeClientTransport]:
     client = Http1Connection(services, trusted=False)
     transport = FakeClientTransport()
     client.connection_made(transport)
+    return client, transport
+
+
+def answer(services: FakeServices, data: bytes) -> bytes:
+    client, transport = connect(services)
     client.data_received(data)
     assert not transport.closed
     return transport.take()
@@ -59,9 +64,7 @@ def answer(services: FakeServices, data: bytes) -> bytes:
 
 def stored(services: FakeServices, response: bytes = STORED, path: str = "/logo.png") -> None:
     """The first request goes up and fills the cache."""
-    client = Http1Connection(services, trusted=False)
-    transport = FakeClientTransport()
-    client.connection_made(transport)
+    client, transport = connect(services)
     client.data_received(request("GET", path))
     services.streams[-1].respond(response)
     assert b"fwd=uri-miss; stored" in transport.take()
@@ -128,9 +131,7 @@ def test_what_the_plain_path_leaves_to_the_exchange_still_gets_its_answer(
     services = cache_services()
     stored(services)
     streams = len(services.streams)
-    client = Http1Connection(services, trusted=False)
-    transport = FakeClientTransport()
-    client.connection_made(transport)
+    client, transport = connect(services)
     client.data_received(request("GET", "/logo.png", extra))
     assert len(services.streams) == streams + goes_up
     if goes_up:
@@ -141,9 +142,7 @@ def test_what_the_plain_path_leaves_to_the_exchange_still_gets_its_answer(
 def test_a_client_that_asks_to_close_gets_the_hit_and_the_close() -> None:
     services = cache_services()
     stored(services)
-    client = Http1Connection(services, trusted=False)
-    transport = FakeClientTransport()
-    client.connection_made(transport)
+    client, transport = connect(services)
     client.data_received(request("GET", "/logo.png", "Connection: close"))
     answered = transport.take()
     assert b"Connection: close\r\n" in answered and answered.endswith(b"\r\n\r\nhello")
@@ -184,9 +183,7 @@ def test_a_stale_entry_is_not_a_plain_hit() -> None:
 def test_a_hit_pipelined_behind_a_request_that_went_up_keeps_its_place() -> None:
     services = cache_services()
     stored(services)
-    client = Http1Connection(services, trusted=False)
-    transport = FakeClientTransport()
-    client.connection_made(transport)
+    client, transport = connect(services)
     client.data_received(request("GET", "/live") + request("GET", "/logo.png"))
     assert transport.take() == b""  # the hit waits for the answer before it
     services.streams[-1].respond(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlive")
