@@ -267,7 +267,6 @@ class Http1Requests:
             host=head.host,
             request_id=head.request_id,
             started=time.monotonic(),
-            replay=head.head if head.replayable else None,
             keep_alive=head.keep_alive,
             announce_keep_alive=head.keep_alive and head.http_version == b"1.0",
             user_agent=user_agent_of(head),
@@ -277,6 +276,8 @@ class Http1Requests:
             record.cache = "hit"
             self.responses.answer_hit(record, hit)
             return
+        if head.replayable:  # (a hit never makes the forwarded head)
+            record.replay = head.head
         exchange = Exchange(services, self.responses, head, self._metadata, record)
         self.exchange = exchange
         exchange.start()

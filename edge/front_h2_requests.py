@@ -206,7 +206,6 @@ class Http2Requests:
             request_id=head.request_id,
             started=time.monotonic(),
             protocol="h2",
-            replay=head.head if head.replayable else None,
             user_agent=user_agent_of(head),
             trace_id=head.trace_id,
         )
@@ -229,6 +228,8 @@ class Http2Requests:
                 record.cache = "hit"
                 stream.answer_hit(hit)
                 return
+        if head.replayable:  # (a hit never makes the forwarded head)
+            record.replay = head.head
         exchange = Exchange(services, stream, head, self._metadata, record, decode_chunked=True)
         stream.exchange = exchange
         exchange.start()

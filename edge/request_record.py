@@ -94,7 +94,7 @@ def own_record(
 
 def user_agent_of(head: RequestHeadReceived) -> str | None:
     """The request's ``User-Agent``, at most 256 characters, for the log."""
-    for name, value in head.headers:
+    for name, value in head.client_fields:
         if name == b"user-agent":
             return value[:256].decode("latin-1")
     return None

@@ -59,6 +59,7 @@ from edge.cache.relay import Invalidator, NullClient
 from edge.cache.responses import PlainHit, Reply, plain_hit, serve, stored_reply, with_vary
 from edge.cache.shared import SharedTier
 from edge.cache.store import CacheStore
+from edge.http1.request_head import EDGE_SET_FIELDS
 
 if TYPE_CHECKING:
     from edge.http1 import RequestHeadReceived, ResponseHeadReceived
@@ -112,6 +113,11 @@ class EdgeCache:
             name.lower().encode("ascii") for name in config.bypass_headers
         )
         self._bypass_prefixes = tuple(config.bypass_path_prefixes)
+        # A request's client_fields lack the fields the edge sets: when the
+        # key or a bypass rule reads one, only its full headers decide.
+        self._plain = self.enabled and not (
+            (self._bypass_fields | set(self.keys.header_names)) & EDGE_SET_FIELDS
+        )
         self.response_timeout_s = response_timeout_s
         self.shared = (
             SharedTier(config.shared_dir, config.shared_max_bytes, self.freshness)
@@ -152,7 +158,7 @@ class EdgeCache:
             frame_h1=not exchange.decode_chunked,
             http10=request.http_version == b"1.0",
         )
-        if not self.enabled or request.expects_body or self._bypassed(request):
+        if not self.enabled or request.expects_body or self._bypassed(request, fields):
             if compression.enabled and method == b"GET":
                 lookup.bypass = True
                 lookup.why_not_stored = "bypass"
@@ -176,21 +182,21 @@ class EdgeCache:
         the two to each other: tests/unit/test_edge_plain_hits.py)."""
         method = request.method
         if (
-            not self.enabled
+            not self._plain
             or (method != b"GET" and method != b"HEAD")
             or request.expects_body
             or request.websocket_upgrade is not None
         ):
             return None
-        fields = request.headers
-        for name, _ in fields:
+        fields = request.client_fields  # what admit would read in its headers, but for
+        for name, _ in fields:  # the fields the edge sets (see self._plain)
             if name[:3] == b"if-" or name in _REQUEST_DIRECTIVES:
                 return None
-        if self._bypassed(request):
+        if self._bypassed(request, fields):
             return None
         key = self.keys.make("https", request.host, request.target.decode("latin-1"), fields)
         entry = next((v for v in self.store.variants(key.key) if variant_matches(v, fields)), None)
-        if entry is None or b"no-cache" in entry.facts.control:
+        if entry is None or b"no-cache" in entry.facts.control or _varies_on_edge_fields(entry):
             return None
         now = time.time()
         age_s = entry.age(now)
@@ -530,13 +536,13 @@ class EdgeCache:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _bypassed(self, request: RequestHeadReceived) -> bool:
+    def _bypassed(self, request: RequestHeadReceived, fields: Any) -> bool:
         if self._bypass_prefixes and request.target.decode("latin-1").startswith(
             self._bypass_prefixes
         ):
             return True
-        fields = self._bypass_fields
-        return bool(fields) and any(name in fields for name, _ in request.headers)
+        bypass = self._bypass_fields
+        return bool(bypass) and any(name in bypass for name, _ in fields)
 
     def _tags(self, fields: Any) -> frozenset[str]:
         tags: set[str] = set()
@@ -544,3 +550,9 @@ class EdgeCache:
             if name in self.tag_fields:
                 tags.update(value.decode("latin-1").replace(",", " ").split())
         return frozenset(tags)
+
+
+def _varies_on_edge_fields(entry: StoredResponse) -> bool:
+    """Does ``entry`` vary on a field the edge sets (so a request's
+    ``client_fields`` alone cannot select it)?"""
+    return bool(entry.vary) and any(name in EDGE_SET_FIELDS for name, _ in entry.vary)

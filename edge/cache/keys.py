@@ -71,6 +71,11 @@ class KeyMaker:
         self._headers = tuple(name.lower().encode("ascii") for name in config.headers)
         self._cookies = tuple(config.cookies)
 
+    @property
+    def header_names(self) -> tuple[bytes, ...]:
+        """The request fields the key reads (lowercase)."""
+        return self._headers
+
     def make(self, scheme: str, host: str | None, target: str, fields: Fields) -> CacheKey:
         path, _mark, query = target.partition("?")
         query = _query(query, self._config)

@@ -67,7 +67,7 @@ import re
 from collections.abc import Callable
 
 from edge.http1.errors import Http1UsageError, MessageRejected
-from edge.http1.events import RequestHeadReceived, WebSocketUpgrade
+from edge.http1.events import Headers, RequestHeadReceived, WebSocketUpgrade
 from edge.http1.head import HeadParser
 from edge.http1.limits import ClientContext
 from edge.http1.syntax import (
@@ -128,6 +128,15 @@ _UNNOMINATABLE = frozenset(
 )
 """Fields ``Connection`` may not delete (the others it could name are ours anyway)."""
 
+EDGE_SET_FIELDS = frozenset({
+    b"connection", b"upgrade", b"transfer-encoding", b"content-length",
+    b"x-forwarded-for", b"forwarded", b"x-real-ip", b"x-forwarded-proto",
+    b"x-forwarded-host", b"x-forwarded-port", b"x-request-id", b"traceparent", b"tracestate",
+})  # fmt: skip
+"""The fields of a forwarded head that the edge sets, or keeps only from a
+trusted hop: never among a request's ``client_fields``, except the forwarding
+fields a trusted proxy sent."""
+
 _CONNECTION_OPTIONS = frozenset({b"close", b"keep-alive", b"upgrade"})
 
 _TRAILERS_DROPPED = frozenset(_KINDS) | {
@@ -174,6 +183,7 @@ class _Fields:
         "forwarded",
         "hosts",
         "kept",
+        "pairs",
         "request_ids",
         "trace",
         "transfer_encoding",
@@ -186,6 +196,7 @@ class _Fields:
 
     def __init__(self, raw: list[tuple[bytes, bytes]], trusted: bool) -> None:
         kept: list[Field] = []
+        pairs: list[tuple[bytes, bytes]] = []  # kept's (lowercased name, value)
         self.hosts: list[bytes] = []
         self.content_length: list[bytes] = []
         self.transfer_encoding: list[bytes] = []
@@ -207,9 +218,11 @@ class _Fields:
                 if b"_" in lname and lname.replace(b"_", b"-") in kinds:
                     continue  # X_Forwarded_For: a backend may read it as the real one
                 kept.append((name, lname, value))
+                pairs.append((lname, value))
             elif kind == _HOST:
                 self.hosts.append(value)
                 kept.append((name, lname, value))
+                pairs.append((lname, value))
             elif kind == _CONTENT_LENGTH:
                 self.content_length.append(value)
             elif kind == _TRANSFER_ENCODING:
@@ -226,6 +239,7 @@ class _Fields:
                 if trusted:
                     self.trusted_present.add(lname)
                     kept.append((name, lname, value))
+                    pairs.append((lname, value))
             elif kind == _REQUEST_ID:
                 self.request_ids.append(value)
             elif kind == _TRACE:
@@ -233,11 +247,14 @@ class _Fields:
             elif kind == _WS_KEY:
                 self.ws_keys.append(value)
                 kept.append((name, lname, value))
+                pairs.append((lname, value))
             elif kind == _WS_VERSION:
                 self.ws_versions.append(value)
                 kept.append((name, lname, value))
+                pairs.append((lname, value))
             # _HOP_BY_HOP: dropped
         self.kept = kept
+        self.pairs = pairs
 
 
 def build_request_head(
@@ -245,7 +262,8 @@ def build_request_head(
     identity: ForwardingIdentity,
     request_id_factory: Callable[[], str],
 ) -> RequestHeadReceived:
-    """Validate and rewrite one parsed head. Raises :class:`MessageRejected`."""
+    """Validate one parsed head (raises :class:`MessageRejected`); its
+    rewrite into the forwarded head waits for first use (:class:`_Rewrite`)."""
     method, version = parsed.method, parsed.http_version
     if method == b"CONNECT":
         raise MessageRejected(501, "CONNECT is not supported")
@@ -258,31 +276,29 @@ def build_request_head(
     keep_alive = not close if version == b"1.1" else (b"keep-alive" in connection and not close)
     websocket = _websocket_handshake(fields, method, version, connection, content_length, chunked)
     nominated = set(connection) - _CONNECTION_OPTIONS - _UNNOMINATABLE
-    kept = [f for f in fields.kept if f[1] not in nominated] if nominated else fields.kept
+    if nominated:
+        fields.kept = [f for f in fields.kept if f[1] not in nominated]
+        fields.pairs = [f for f in fields.pairs if f[0] not in nominated]
+    framing: list[Field] = []  # the edge's own framing and persistence fields
     if websocket is not None:
-        kept.append((b"Connection", b"connection", b"Upgrade"))
-        kept.append((b"Upgrade", b"upgrade", b"websocket"))
+        framing.append((b"Connection", b"connection", b"Upgrade"))
+        framing.append((b"Upgrade", b"upgrade", b"websocket"))
     elif version == b"1.0" and keep_alive:
-        kept.append((b"Connection", b"connection", b"keep-alive"))
+        framing.append((b"Connection", b"connection", b"keep-alive"))
     if chunked:
-        kept.append((b"Transfer-Encoding", b"transfer-encoding", b"chunked"))
+        framing.append((b"Transfer-Encoding", b"transfer-encoding", b"chunked"))
     elif content_length is not None:
-        kept.append((b"Content-Length", b"content-length", b"%d" % content_length))
+        framing.append((b"Content-Length", b"content-length", b"%d" % content_length))
     request_id = _request_id(fields.request_ids, identity.trusted, request_id_factory)
-    _append_forwarding(kept, fields, identity, host, request_id)
-    trace_id = _append_trace_context(kept, fields.trace, identity.trusted, request_id)
-    parts = [method, b" ", target, b" HTTP/", version, b"\r\n"]
-    for name, _, value in kept:
-        parts += (name, b": ", value, b"\r\n")
-    parts.append(b"\r\n")
+    trace_id, kept_trace = _trace_id(fields.trace, identity.trusted, request_id)
     idempotent = method in IDEMPOTENT_METHODS
     expects_body = chunked or bool(content_length)
     return RequestHeadReceived(
         method=method,
         target=target,
         http_version=version,
-        headers=tuple([(lname, value) for _, lname, value in kept]),
-        head=b"".join(parts),
+        client_fields=tuple(fields.pairs),
+        forwarded=_Rewrite(fields, framing, identity, host, request_id, kept_trace),
         host=host.decode("ascii") if host is not None else None,
         request_id=request_id.decode("ascii"),
         trace_id=trace_id,
@@ -294,6 +310,47 @@ def build_request_head(
         content_length=content_length,
         chunked=chunked,
     )
+
+
+class _Rewrite:
+    """The forwarded head of a validated request: the client's fields, then the
+    edge's framing, forwarding and trace fields (made by
+    :meth:`RequestHeadReceived.head` on first use; a cache hit never asks)."""
+
+    __slots__ = ("fields", "framing", "host", "identity", "kept_trace", "request_id")
+
+    def __init__(
+        self,
+        fields: _Fields,
+        framing: list[Field],
+        identity: ForwardingIdentity,
+        host: bytes | None,
+        request_id: bytes,
+        kept_trace: bool,
+    ) -> None:
+        self.fields = fields
+        self.framing = framing
+        self.identity = identity
+        self.host = host
+        self.request_id = request_id
+        self.kept_trace = kept_trace
+
+    def forwarded(self, request: RequestHeadReceived) -> tuple[bytes, Headers]:
+        fields = self.fields
+        added = self.framing  # (asked once: RequestHeadReceived keeps the answer)
+        _append_forwarding(added, fields, self.identity, self.host, self.request_id)
+        if self.kept_trace:
+            added.extend(fields.trace)
+        else:
+            added.append(_started_traceparent(request.trace_id, self.request_id))
+        parts = [request.method, b" ", request.target, b" HTTP/", request.http_version, b"\r\n"]
+        for name, _, value in fields.kept:
+            parts += (name, b": ", value, b"\r\n")
+        for name, _, value in added:
+            parts += (name, b": ", value, b"\r\n")
+        parts.append(b"\r\n")
+        headers = request.client_fields + tuple([(lname, value) for _, lname, value in added])
+        return b"".join(parts), headers
 
 
 def _check_host(hosts: list[bytes], version: bytes) -> bytes | None:
@@ -417,12 +474,11 @@ def _append_forwarding(
 _TRACEPARENT_RE = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
 
 
-def _append_trace_context(
-    out: list[Field], trace: list[Field], trusted: bool, request_id: bytes
-) -> str:
+def _trace_id(trace: list[Field], trusted: bool, request_id: bytes) -> tuple[str, bool]:
     """W3C trace context: a well-formed ``traceparent`` (and its ``tracestate``)
-    from a trusted hop is kept; otherwise the edge starts a trace, so Node's own
-    traces join the edge's logs by trace id. Returns the trace id.
+    from a trusted hop is kept (``(its trace id, True)``); otherwise the edge
+    starts a trace (``(a new trace id, False)``), so Node's own traces join the
+    edge's logs by trace id.
 
     A trace the edge starts takes its ids from a hash of the request id, which
     is unique per worker (a random prefix and a counter): the reader stays a
@@ -431,12 +487,15 @@ def _append_trace_context(
     if trusted and len(parents) == 1:
         match = _TRACEPARENT_RE.fullmatch(parents[0][2])
         if match and match[1] != b"0" * 32 and match[2] != b"0" * 16:
-            out.extend(trace)
-            return match[1].decode("ascii")
+            return match[1].decode("ascii"), True
     trace_id = hashlib.blake2b(request_id, digest_size=16, person=b"geoedge-trace").hexdigest()
+    return trace_id, False
+
+
+def _started_traceparent(trace_id: str, request_id: bytes) -> Field:
+    """The ``traceparent`` of a trace the edge started (:func:`_trace_id`)."""
     span_id = hashlib.blake2b(request_id, digest_size=8, person=b"geoedge-span").hexdigest()
-    out.append((b"traceparent", b"traceparent", f"00-{trace_id}-{span_id}-01".encode()))
-    return trace_id
+    return (b"traceparent", b"traceparent", f"00-{trace_id}-{span_id}-01".encode())
 
 
 def forwardable_trailers(section: bytes) -> bytes:

@@ -34,9 +34,12 @@ from edge.http1 import (
     ResponseReader,
     reusable_head,
 )
+from edge.http1.request_head import EDGE_SET_FIELDS
 from tests.example_budget import examples
 
 CLIENT_IP = "198.51.100.7"
+TRUSTED_KEPT = {b"x-real-ip", b"x-forwarded-proto", b"x-forwarded-host", b"x-forwarded-port"}
+"""The forwarding fields kept from a trusted proxy as it sent them."""
 PROPERTY_SETTINGS = settings(
     max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -284,6 +287,29 @@ def test_forwarded_stream_is_strict_http_with_one_edge_set_xff(
             assert xff == [CLIENT_IP.encode()]
         assert len([n for n, _ in headers if n == b"x-request-id"]) == 1
         assert not hop_by_hop & {n for n, _ in headers}
+
+
+@PROPERTY_SETTINGS
+@given(stream=request_streams, trusted=st.booleans())
+def test_client_fields_are_the_forwarded_fields_less_those_the_edge_sets(
+    stream: list[tuple[bytes, bytes]], trusted: bool
+) -> None:
+    """What a cache hit reads (client_fields, edge.cache.EdgeCache.plain_hit)
+    is what goes up, less what the edge set: never a forwarding field from an
+    untrusted client, and the head's fields in the head's order."""
+    for event in make_reader(trusted=trusted).feed(b"".join(wire for wire, _ in stream)):
+        if not isinstance(event, RequestHeadReceived):
+            continue
+        client = event.client_fields
+        assert event.headers[: len(client)] == client
+        assert {n for n, _ in event.headers[len(client) :]} <= EDGE_SET_FIELDS
+        assert {b"x-forwarded-for", b"x-request-id", b"traceparent"} <= {
+            n for n, _ in event.headers[len(client) :]
+        }
+        edge_set_from_client = {n for n, _ in client} & EDGE_SET_FIELDS
+        assert edge_set_from_client <= (TRUSTED_KEPT if trusted else set())
+        lines = event.head.split(b"\r\n")[1:-2]
+        assert [line.partition(b":")[0].lower() for line in lines] == [n for n, _ in event.headers]
 
 
 @PROPERTY_SETTINGS

@@ -22,9 +22,10 @@ import h2.events
 import pytest
 
 from edge.cache.cache import EdgeCache
-from edge.cache.config import CacheConfig, CompressionConfig
+from edge.cache.config import CacheConfig, CacheKeyConfig, CompressionConfig
 from edge.front_h1 import Http1Connection
 from edge.front_h2 import Http2Connection
+from edge.http1 import request_head
 from tests.conftest import run_async
 from tests.edge_fakes import FakeClientTransport, FakeServices
 
@@ -170,6 +171,53 @@ def test_a_coded_hit_is_plain_once_its_coded_body_is_kept(method: str) -> None:
         b"\r\n\r\n" + (b"hello" if method == "GET" else b"")
     )
     assert b"vary: accept-encoding" in second.lower()
+
+
+def test_a_plain_hit_never_makes_the_forwarded_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rewrite into the head that goes up (forwarding fields, trace
+    context) is made on first use: a request that goes up makes it once, a
+    plain hit not at all."""
+    made: list[bytes] = []
+    rewrite = request_head._Rewrite.forwarded
+
+    def counted(self: Any, event: Any) -> Any:
+        made.append(event.target)
+        return rewrite(self, event)
+
+    monkeypatch.setattr(request_head._Rewrite, "forwarded", counted)
+    services = cache_services()
+    stored(services)
+    assert made == [b"/logo.png"]
+    hit = answer(services, request("GET"))
+    assert b"cache-status: edge-test; hit" in hit
+    assert made == [b"/logo.png"]
+    answer(services, request("GET", "/logo.png", "Pragma: x-general-path"))
+    assert made == [b"/logo.png", b"/logo.png"]  # an exchange reads it, once
+
+
+@pytest.mark.parametrize(
+    ("config", "vary"),
+    [
+        (CacheConfig(enabled=True, key=CacheKeyConfig(headers=("X-Forwarded-Proto",))), b""),
+        (CacheConfig(enabled=True), b"Vary: X-Forwarded-Proto\r\n"),
+        (CacheConfig(enabled=True), b"Vary: Accept-Language, Forwarded\r\n"),
+    ],
+)
+def test_a_key_or_vary_naming_a_field_the_edge_sets_leaves_hits_to_the_general_path(
+    config: CacheConfig, vary: bytes
+) -> None:
+    """A request's client_fields lack the fields the edge sets; when the key
+    or the entry's Vary reads one, the general path (which sees the edge's
+    value, never the client's) decides. The client's own X-Forwarded-Proto
+    and Forwarded change nothing either way."""
+    services = FakeServices(cache=EdgeCache(config, CompressionConfig(), "edge-test"))
+    response = STORED.replace(b"Content-Length", vary + b"Content-Length", 1)
+    stored(services, response)
+    admitted = count_admits(services)
+    spoofed = ("X-Forwarded-Proto: http", "Forwarded: for=1.2.3.4;proto=http")
+    hit = answer(services, request("GET", "/logo.png", *spoofed))
+    assert admitted == [b"/logo.png"]
+    assert b"cache-status: edge-test; hit" in hit and hit.endswith(b"hello")
 
 
 def test_a_stale_entry_is_not_a_plain_hit() -> None:
