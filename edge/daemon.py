@@ -145,6 +145,7 @@ class EdgeDaemon:
             inheritance=inheritance,
             describe=self._describe,
             held=lambda: held_sockets(self._listening, self.admin),
+            admin=lambda: self.admin,
         )
         self._metrics_dir: str | None = None
         #: Clients may be sent here: a reload's older workers serve, or every

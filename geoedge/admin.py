@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -45,6 +46,10 @@ from tunnel.aio.transport import parse_host_port
 __all__ = ["AdminServer", "HealthReport"]
 
 log = logging.getLogger("geoedge.admin")
+
+#: How long requests in progress have to finish when the admin server stops
+#: (a reload's exec, the daemon's stop): a scrape or a purge takes milliseconds.
+HANDOVER_TIMEOUT_S = 5.0
 
 #: ``health()`` and ``liveness()`` return (ok, detail); the detail becomes the JSON body.
 HealthReport = tuple[bool, dict[str, Any]]
@@ -125,7 +130,12 @@ class AdminServer:
             )
         self._sock.setblocking(False)
         self.port = self._sock.getsockname()[1]
-        self._runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            self._app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=HANDOVER_TIMEOUT_S,
+        )
         await self._runner.setup()
         await web.SockSite(self._runner, self._sock).start()
         if self._status is not None:
@@ -144,6 +154,24 @@ class AdminServer:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+    async def hand_over(self) -> None:
+        """Stop serving before the supervisor re-executes (:mod:`geoedge.reload`),
+        and lose no request: the listening socket stays open (the next image
+        serves it, and connections made meanwhile wait in its queue), idle
+        keep-alive connections close, and requests in progress are answered
+        first (at most :data:`HANDOVER_TIMEOUT_S`). An exec ends every accepted
+        connection, answered or not. ``await start(listening_socket())``
+        serves again (an exec that failed)."""
+        if self._runner is None or self._sock is None:
+            return
+        # The server closes the socket it serves (uvloop detaches it): a
+        # duplicate of its descriptor keeps it listening.
+        kept = socket.socket(fileno=os.dup(self._sock.fileno()))
+        served, self._sock = self._sock, kept
+        await self._runner.cleanup()
+        self._runner = None
+        served.close()  # (closed already by the server: then a no-op)
 
     def listening_socket(self) -> socket.socket | None:
         """The listening socket (what a re-exec passes on)."""

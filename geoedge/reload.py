@@ -16,7 +16,10 @@ The sequence, in the supervisor (:class:`Reloader`):
 3. The exec (:func:`geoedge.reexec.reexec`): the supervisor becomes a fresh
    interpreter of the code on disk, in place (same pid), keeping its
    listening sockets, admin and reload sockets, its workers and the waiting
-   clients' connections.
+   clients' connections. Before it, the admin server answers the requests it
+   holds and stops accepting (:meth:`geoedge.admin.AdminServer.hand_over`):
+   a scrape or a purge is never cut, and one made meanwhile waits in the
+   listener's queue for the new image.
 4. The new supervisor loads the config and forks a new worker per slot from
    its own, fresh memory; each readies itself before it accepts (the edge:
    a tunnel to an origin up and warm, so nothing queues behind the tunnel's
@@ -94,17 +97,20 @@ class Reloader:
         describe: Callable[[], str] = lambda: "",
         on_result: Callable[[str], None] = lambda result: None,
         held: Callable[[], list[socket.socket]] = list,
+        admin: Callable[[], AdminServer | None] = lambda: None,
     ) -> None:
         """``describe()``: what the new generation runs, for the ``ok`` line;
         ``on_result(result)``: a reload ended (``ok``/``refused``/``failed``);
         ``held()``: the sockets the daemon listens on (the check may not bind
-        their addresses, and need not)."""
+        their addresses, and need not); ``admin()``: the admin server, which
+        answers the requests it holds before the exec (:meth:`AdminServer.hand_over`)."""
         self._notifier = notifier
         self._handover = handover
         self._takeover_timeout_s = takeover_timeout_s
         self._describe = describe
         self._on_result = on_result
         self._held = held
+        self._admin = admin
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -199,12 +205,19 @@ class Reloader:
         if self._stopping:
             return
         self._send(self._current, "config ok: re-executing")
+        admin = self._admin()
+        if admin is not None:
+            await admin.hand_over()
+            if self._stopping:
+                return
         command = own_command()
         log.info("reload: re-executing %s", " ".join(command))
         record = self._handover([c.fileno() for c in self._current], self._began)
         try:
             reexec(record, argv=command, restore_env=self._notifier.environment)
         except OSError as exc:
+            if admin is not None:
+                await admin.start(admin.listening_socket())
             self._finish(FAILED, f"cannot execute {command[0]}: {exc}")
 
     # -- after the exec ------------------------------------------------------------------------

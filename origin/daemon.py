@@ -149,6 +149,7 @@ class OriginDaemon:
                 describe=lambda: f"version {running_version()}, new workers listening",
                 on_result=self._reloaded,
                 held=lambda: held_sockets(self._listening, self.admin),
+                admin=lambda: self.admin,
             )
 
     # -- parent ------------------------------------------------------------------------

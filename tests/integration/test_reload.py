@@ -135,6 +135,42 @@ class Load:
             thread.join(scaled(60))
 
 
+class AdminLoad:
+    """``GET /metrics`` on the admin listener, a connection each, one after the
+    other until :meth:`stop` (or a bounded count): what every one got. A reload
+    must not cut one in progress (the supervisor that answers re-executes)."""
+
+    def __init__(self, port: int, limit: int = 5_000) -> None:
+        self.port = port
+        self.ok = 0
+        self.failures: list[str] = []
+        self._limit = limit
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(3)]
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and self.ok + len(self.failures) < self._limit:
+            try:
+                status, body = fetch(self.port, "GET", "/metrics")
+            except (OSError, http.client.HTTPException) as exc:
+                with self._lock:
+                    self.failures.append(repr(exc))
+                continue
+            with self._lock:
+                if status == 200 and b"geoedge_build_info" in body:
+                    self.ok += 1
+                else:
+                    self.failures.append(f"{status} {body[:60]!r}")
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(scaled(60))
+
+
 class Sockets:
     """WebSockets held open; each one the edge closes is answered, reconnected
     and echoed once more."""
@@ -193,19 +229,23 @@ def test_a_reload_under_load_replaces_every_worker_and_fails_no_client(
         old = children(pid)
         sockets = Sockets(stack, 6)
         load = Load(stack)
+        scrapes = AdminLoad(stack.admin_port)
         wait_for(lambda: load.ok >= 20, "no load got through before the reload")
-        before_reload = load.ok
+        before_reload, scraped_before = load.ok, scrapes.ok
         done = exec_reload("edge", tmp_path / "edge.toml", pid)
         after_reload = load.ok
         sockets.join()
         wait_for(lambda: len(children(pid)) == 2, "the old workers never left")
+        wait_for(lambda: scrapes.ok > scraped_before + 5, "the admin listener never answered")
         load.stop()
+        scrapes.stop()
         new = children(pid)
         versions = worker_versions(stack.admin_port)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stderr.splitlines()[-1].startswith("geoedge-edge: ok version "), done.stderr
     assert after_reload > before_reload  # clients were served during the reload ...
     assert load.failures == []  # ... and none failed, before, during or after
+    assert scrapes.failures == []  # nor a scrape of /metrics the exec was serving
     assert not new & old and len(new) == 2  # fresh workers only
     assert set(versions) == new  # each one's build_info, and no old one's left
     assert sockets.failures == [] and sockets.codes == [1001] * 6 and sockets.reconnected == 6
@@ -319,13 +359,18 @@ def test_an_origin_reload_moves_websockets_with_1012_and_keeps_drains(
         assert admin(stack.origin_admin_port, "POST", f"/backends/{pool}/{drained}/drain")
         sockets = Sockets(stack, 4)
         load = Load(stack)
+        scrapes = AdminLoad(stack.origin_admin_port)
         wait_for(lambda: load.ok >= 10, "no load got through before the reload")
         done = exec_reload("origin", tmp_path / "origin.toml", origin_pid)
+        scraped = scrapes.ok
         sockets.join()
         wait_for(lambda: not children(origin_pid) & old, "the old origin workers never left")
+        wait_for(lambda: scrapes.ok > scraped + 5, "the origin's admin never answered")
         load.stop()
+        scrapes.stop()
         after = admin(stack.origin_admin_port, "GET", "/backends")[pool]
     assert done.returncode == 0, done.stdout + done.stderr
     assert load.failures == [] and load.ok > 10
+    assert scrapes.failures == []  # the exec cut no scrape of the origin's /metrics
     assert sockets.failures == [] and sockets.codes == [1012] * 4 and sockets.reconnected == 4
     assert after[drained]["drained"] is True

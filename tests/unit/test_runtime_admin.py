@@ -4,11 +4,14 @@ registries, daemon routes are added, port 0 binds a free port."""
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 from aiohttp import web
 
 from geoedge.admin import AdminServer
 from geoedge.metrics import MetricSet
+from tests.acme_env import free_port_on
 from tests.conftest import run_async
 
 
@@ -72,3 +75,51 @@ def test_healthz_metrics_and_extra_routes() -> None:
     assert text[0] == 200 and "demo_hits_total 3.0" in str(text[1])
     assert hello_result == (200, {"hello": "world"})
     assert missing[0] == 404
+
+
+def test_a_hand_over_answers_what_it_holds_and_keeps_the_listener() -> None:
+    """Before a reload's exec (geoedge.reload): a request in progress is
+    answered, a connection made after it waits in the listener's queue, and
+    the same listener serves again (the next image, or this one when the
+    exec failed)."""
+    release = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.Response(text="answered")
+
+    async def get(port: int, path: str) -> tuple[int, str]:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}{path}") as response,
+        ):
+            return response.status, await response.text()
+
+    async def main() -> tuple[tuple[int, str], tuple[int, str], bool, bool]:
+        address = f"127.0.0.1:{free_port_on('127.0.0.1')}"  # (port 0: start binds anew)
+        admin = AdminServer(address, health=lambda: (True, {}), routes=[web.get("/slow", slow)])
+        await admin.start()
+        port, listener = admin.port, admin.listening_socket()
+        assert listener is not None
+        in_progress = asyncio.ensure_future(get(port, "/slow"))
+        await asyncio.sleep(0.2)  # the request is in its handler
+        handing_over = asyncio.ensure_future(admin.hand_over())
+        await asyncio.sleep(0.2)
+        held = not handing_over.done()  # it waits for the request in progress
+        release.set()
+        await handing_over
+        kept = admin.listening_socket()
+        assert kept is not None and kept.getsockname() == ("127.0.0.1", port)
+        after = asyncio.ensure_future(get(port, "/livez"))  # queued, not refused
+        await asyncio.sleep(0.2)
+        queued = not after.done()
+        await admin.start(kept)
+        try:
+            return await in_progress, await asyncio.wait_for(after, 5), held, queued
+        finally:
+            await admin.close()
+
+    answered, later, held, queued = run_async(main(), 15)
+    assert answered == (200, "answered")
+    assert held and queued
+    assert later[0] == 200
