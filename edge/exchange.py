@@ -163,6 +163,8 @@ class Exchange:
         self.request = head
         self.connection_metadata = connection_metadata
         self._head = head.head
+        if head.replayable:  # what a replay sends (edge.exchange_rules.on_fault)
+            record.replay = self._head
         self._method = head.method
         self.websocket_key = head.websocket_upgrade.key if head.websocket_upgrade else None
         # The request's own items first: the origin decodes the connection's,
@@ -337,7 +339,6 @@ class Exchange:
             host=self.record.host,
             request_id=self.record.request_id,
             started=time.monotonic(),
-            replay=self.request.head if self.request.replayable else None,
         )
         return Exchange(
             self.services,

@@ -276,8 +276,6 @@ class Http1Requests:
             record.cache = "hit"
             self.responses.answer_hit(record, hit)
             return
-        if head.replayable:  # (a hit never makes the forwarded head)
-            record.replay = head.head
         exchange = Exchange(services, self.responses, head, self._metadata, record)
         self.exchange = exchange
         exchange.start()

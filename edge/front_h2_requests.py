@@ -228,8 +228,6 @@ class Http2Requests:
                 record.cache = "hit"
                 stream.answer_hit(hit)
                 return
-        if head.replayable:  # (a hit never makes the forwarded head)
-            record.replay = head.head
         exchange = Exchange(services, stream, head, self._metadata, record, decode_chunked=True)
         stream.exchange = exchange
         exchange.start()

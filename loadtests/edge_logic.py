@@ -12,6 +12,10 @@ Node.js-like response.
 - ``h2``: HTTP/2 ``GET``s from an ``h2`` client, 10 streams per read (as
   ``h2load -m10``), each answered, then the client reads the responses (the
   client's own work is not counted).
+- ``h1_hit``: the same HTTP/1.1 ``GET``s answered from the edge's cache (the
+  plain path: :meth:`edge.cache.EdgeCache.plain_hit`), after one that went up
+  and stored the response: a hit's logic, which ``loadtests/bench_cache.py``
+  measures through TLS on a noisy machine.
 
 Figures (``loadtests/results/edge_logic.json``), for each build
 (:mod:`tunnel.build_mode`: this process's, and the pure-Python one in a
@@ -46,6 +50,8 @@ import h2.config
 import h2.connection
 import uvloop
 
+from edge.cache.cache import EdgeCache
+from edge.cache.config import CacheConfig, CompressionConfig
 from edge.front_h1 import Http1Connection
 from edge.front_h2 import Http2Connection
 from tests.edge_fakes import FakeClientTransport, FakeServices
@@ -57,6 +63,9 @@ RESPONSE = (
     b'Content-Length: 13\r\nETag: W/"d-lDpwLQbzRZmu4fjajvn3KWAx1pk"\r\n'
     b"Date: Thu, 26 Nov 2026 00:00:00 GMT\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n"
     b"\r\nHello, world!"
+)
+CACHEABLE = RESPONSE.replace(  # fresh for years (its Date is fixed)
+    b"Connection:", b"Cache-Control: public, max-age=315360000\r\nConnection:"
 )
 H1_REQUEST = (
     b"GET /index.html HTTP/1.1\r\nHost: app.example.com\r\nUser-Agent: Mozilla/5.0\r\n"
@@ -107,6 +116,28 @@ class Http1Workload(Workload):
     def reset(self) -> None:
         self.transport.take()
         self.services.streams.clear()
+        self.services.logged.clear()
+
+
+class Http1HitWorkload(Workload):
+    def __init__(self) -> None:
+        cache = EdgeCache(CacheConfig(enabled=True), CompressionConfig(), "edge-logic")
+        self.services = FakeServices(cache=cache)
+        self.transport = FakeClientTransport()
+        self.conn = Http1Connection(self.services, trusted=False)  # type: ignore[arg-type]  # a stand-in
+        self.conn.connection_made(self.transport)
+        self.conn.data_received(H1_REQUEST)
+        self.services.streams[-1].respond(CACHEABLE)
+        assert b"; stored" in self.transport.take(), "the response was not stored"
+        self.services.streams.clear()
+
+    def serve(self) -> None:
+        self.conn.data_received(H1_REQUEST)
+
+    def reset(self) -> None:
+        if self.services.streams:
+            raise AssertionError("a hit went up to the origin")
+        self.transport.take()
         self.services.logged.clear()
 
 
@@ -191,7 +222,11 @@ async def calls_per_request(make: Callable[[], Workload], requests: int) -> floa
     return sum(entry[1] for entry in stats.stats.values()) / served  # type: ignore[attr-defined]
 
 
-WORKLOADS: dict[str, Callable[[], Workload]] = {"h1": Http1Workload, "h2": Http2Workload}
+WORKLOADS: dict[str, Callable[[], Workload]] = {
+    "h1": Http1Workload,
+    "h2": Http2Workload,
+    "h1_hit": Http1HitWorkload,
+}
 
 
 async def serve(make: Callable[[], Workload], requests: int) -> None:

@@ -114,23 +114,22 @@ class RequestHeadReceived:
         self._head = b""
         self._headers: Headers = ()
 
+    # (Each property makes the head itself: one Python call fewer per request.)
     @property
     def head(self) -> bytes:
-        if self._forwarded is not None:
-            self._make_forwarded()
+        maker = self._forwarded
+        if maker is not None:
+            self._head, self._headers = maker.forwarded(self)
+            self._forwarded = None
         return self._head
 
     @property
     def headers(self) -> Headers:
-        if self._forwarded is not None:
-            self._make_forwarded()
-        return self._headers
-
-    def _make_forwarded(self) -> None:
         maker = self._forwarded
-        assert maker is not None
-        self._head, self._headers = maker.forwarded(self)
-        self._forwarded = None
+        if maker is not None:
+            self._head, self._headers = maker.forwarded(self)
+            self._forwarded = None
+        return self._headers
 
     def _fields(self) -> tuple[object, ...]:
         return (
@@ -242,7 +241,10 @@ class ResponseHeadReceived:
         one its ``Connection`` names): the edge adds its own otherwise."""
         if b"x-request-id" in self.nominated:
             return False
-        return any(name == b"x-request-id" for name, _ in self.headers)
+        for name, _ in self.headers:  # noqa: SIM110  (any() of a generator: a call per field)
+            if name == b"x-request-id":
+                return True
+        return False
 
 
 @dataclass(slots=True)
