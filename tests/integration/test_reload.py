@@ -92,42 +92,36 @@ def admin(port: int, method: str, path: str) -> dict[str, Any]:
     return answer
 
 
-class Load:
-    """New TLS connections one after the other (``GET /``, ``Connection: close``)
-    from two threads until :meth:`stop` (or a bounded count): what every one got."""
+class Clients:
+    """Requests one after the other, a connection each, from ``threads``
+    threads until :meth:`stop` (or ``limit`` in all): how many succeeded and
+    what every other one got. :meth:`_request` makes one: None when it
+    succeeded, else what went wrong."""
 
-    def __init__(self, stack: Stack, limit: int = 20_000) -> None:
-        self.port, self.ca = stack.https_port, stack.pki.ca
+    def __init__(self, threads: int, limit: int) -> None:
         self.ok = 0
         self.failures: list[str] = []
         self._limit = limit
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(2)]
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
         for thread in self._threads:
             thread.start()
 
+    def _request(self) -> str | None:
+        raise NotImplementedError
+
     def _run(self) -> None:
-        context = ssl.create_default_context(cafile=str(self.ca))
         while not self._stop.is_set() and self.ok + len(self.failures) < self._limit:
             try:
-                with (
-                    socket.create_connection(("127.0.0.1", self.port), timeout=scaled(30)) as raw,
-                    context.wrap_socket(raw, server_hostname="localhost") as tls,
-                ):
-                    tls.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-                    answer = b""
-                    while chunk := tls.recv(65536):
-                        answer += chunk
-                status = answer.split(b" ", 2)[1] if answer.startswith(b"HTTP/1.1 ") else answer
-                with self._lock:
-                    if status == b"200":
-                        self.ok += 1
-                    else:
-                        self.failures.append(repr(answer[:60]))
-            except OSError as exc:
-                with self._lock:
-                    self.failures.append(repr(exc))
+                failure = self._request()
+            except (OSError, http.client.HTTPException) as exc:
+                failure = repr(exc)
+            with self._lock:
+                if failure is None:
+                    self.ok += 1
+                else:
+                    self.failures.append(failure)
 
     def stop(self) -> None:
         self._stop.set()
@@ -135,40 +129,40 @@ class Load:
             thread.join(scaled(60))
 
 
-class AdminLoad:
-    """``GET /metrics`` on the admin listener, a connection each, one after the
-    other until :meth:`stop` (or a bounded count): what every one got. A reload
-    must not cut one in progress (the supervisor that answers re-executes)."""
+class Load(Clients):
+    """New TLS connections (``GET /``, ``Connection: close``) from two threads."""
+
+    def __init__(self, stack: Stack, limit: int = 20_000) -> None:
+        self.port = stack.https_port
+        self.context = ssl.create_default_context(cafile=str(stack.pki.ca))
+        super().__init__(threads=2, limit=limit)
+
+    def _request(self) -> str | None:
+        with (
+            socket.create_connection(("127.0.0.1", self.port), timeout=scaled(30)) as raw,
+            self.context.wrap_socket(raw, server_hostname="localhost") as tls,
+        ):
+            tls.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := tls.recv(65536):
+                answer += chunk
+        status = answer.split(b" ", 2)[1] if answer.startswith(b"HTTP/1.1 ") else answer
+        return None if status == b"200" else repr(answer[:60])
+
+
+class AdminLoad(Clients):
+    """``GET /metrics`` on an admin listener from three threads. A reload must
+    not cut one in progress (the supervisor that answers re-executes)."""
 
     def __init__(self, port: int, limit: int = 5_000) -> None:
         self.port = port
-        self.ok = 0
-        self.failures: list[str] = []
-        self._limit = limit
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(3)]
-        for thread in self._threads:
-            thread.start()
+        super().__init__(threads=3, limit=limit)
 
-    def _run(self) -> None:
-        while not self._stop.is_set() and self.ok + len(self.failures) < self._limit:
-            try:
-                status, body = fetch(self.port, "GET", "/metrics")
-            except (OSError, http.client.HTTPException) as exc:
-                with self._lock:
-                    self.failures.append(repr(exc))
-                continue
-            with self._lock:
-                if status == 200 and b"geoedge_build_info" in body:
-                    self.ok += 1
-                else:
-                    self.failures.append(f"{status} {body[:60]!r}")
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(scaled(60))
+    def _request(self) -> str | None:
+        status, body = fetch(self.port, "GET", "/metrics")
+        if status == 200 and b"geoedge_build_info" in body:
+            return None
+        return f"{status} {body[:60]!r}"
 
 
 class Sockets:
