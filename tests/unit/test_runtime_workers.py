@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import signal
 import socket
 import time
@@ -388,6 +389,20 @@ def test_descriptors_opened_since_a_record_are_released(tmp_path: Path) -> None:
             os.close(fd)
         sock_a.close()
         sock_b.close()
+
+
+def test_release_skips_numbers_this_process_may_not_use() -> None:
+    """valgrind keeps its own files above the open-file limit it shows the
+    process, and /proc/self/fd lists them: a worker started under it must not
+    die replacing one (dup2 answers EBADF there), and the others still go."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    read_fd, write_fd = os.pipe()
+    try:
+        release_fds([read_fd, soft + 3])
+        assert fd_target(read_fd) == os.devnull
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
 
 
 def test_listen_control_reports_messages_and_parent_gone() -> None:
