@@ -15,7 +15,7 @@ NODE_APP := deploy/node-app
 STAMPS := $(VENV)/.stamps
 LOCK := deploy/requirements.lock
 
-.PHONY: venv node tools test test-harness test-long test-platforms mutation lint lock docs demo dist cache-tests bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-tls-floor bench-request-floor bench-origin-streams bench-heap-return wan drill restart-test reload-test cold-burst zero-delay apt-base soak clean
+.PHONY: venv node tools test test-harness test-long test-platforms mutation lint lock docs demo dist cache-tests bench-keepalive-race bench-tunnel bench-edge bench-edge-logic bench-hop-instructions bench-tls-floor bench-request-floor bench-origin-streams bench-heap-return wan drill restart-test reload-test cold-burst zero-delay apt-base soak clean
 
 # Debian packages: python3-venv/nodejs on a bare machine, and what the tests use
 # for real peers (haproxy; nginx-light, the nginx edge of make wan), the WAN
@@ -209,6 +209,9 @@ bench-keepalive-race: $(STAMPS)/py-load node
 
 bench-edge-logic: $(STAMPS)/py-load
 	$(PY) -m loadtests.edge_logic $(ARGS)
+
+bench-hop-instructions: $(STAMPS)/py-load node
+	$(PY) -m loadtests.hop_instructions $(ARGS)
 
 bench-tls-floor: $(STAMPS)/py-load node
 	$(PY) -m loadtests.tls_floor
