@@ -34,6 +34,7 @@ from tunnel.mux import (
     StreamMetadata,
 )
 from tunnel.mux.errors import MetadataError
+from tunnel.mux.metadata import encode_request_fields
 from tunnel.mux.reader import FrameReader
 from tunnel.mux.stream import TRANSITIONS, Stream, StreamInput, StreamState
 from tunnel.mux.window import ReceiveWindow
@@ -421,3 +422,37 @@ def test_metadata_decodes_the_same_in_any_order(
         repeated = b"".join([*items, items[0]])
         with pytest.raises(MetadataError):
             StreamMetadata.decode(repeated)
+
+
+_LONG_TEXT = st.none() | _TEXT | st.builds(lambda n: "x" * n, st.integers(65530, 65540))
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    host=_LONG_TEXT,
+    request_id=_LONG_TEXT,
+    method=st.none() | _TEXT,
+    target=_LONG_TEXT,
+    long_poll=st.booleans(),
+)
+def test_the_request_fields_encode_as_the_metadata_does(
+    host: str | None,
+    request_id: str | None,
+    method: str | None,
+    target: str | None,
+    long_poll: bool,
+) -> None:
+    """``encode_request_fields`` (the edge's per-request items, written out by
+    hand) makes the octets ``StreamMetadata.encode`` makes of the same fields,
+    and refuses what it refuses."""
+    meta = StreamMetadata(
+        host=host, request_id=request_id, method=method, target=target,
+        long_poll=True if long_poll else None,
+    )  # fmt: skip
+    try:
+        expected = meta.encode()
+    except MetadataError:
+        with pytest.raises(MetadataError):
+            encode_request_fields(host, request_id, method, target, long_poll=long_poll)
+        return
+    assert encode_request_fields(host, request_id, method, target, long_poll=long_poll) == expected

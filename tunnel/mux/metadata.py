@@ -57,12 +57,21 @@ _CLIENT_ADDRESS = int(MetaKey.CLIENT_ADDRESS)
 _SERVER_ADDRESS = int(MetaKey.SERVER_ADDRESS)
 _TLS_RESUMED = int(MetaKey.TLS_RESUMED)
 _LONG_POLL = int(MetaKey.LONG_POLL)
+_HOST = int(MetaKey.HOST)
+_REQUEST_ID = int(MetaKey.REQUEST_ID)
+_METHOD = int(MetaKey.METHOD)
+_TARGET = int(MetaKey.TARGET)
+_LONG_POLL_ITEM = bytes((_LONG_POLL, 0, 1, 1))
 _FLAG = {b"\x00": False, b"\x01": True}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StreamMetadata:
-    """What the origin needs to know about the client behind a stream."""
+    """What the origin needs to know about the client behind a stream.
+
+    Read-only by convention, not ``frozen``: the origin decodes one per request
+    (:meth:`decode`), and a frozen dataclass sets each of its 14 fields through
+    ``object.__setattr__`` (3.3 against 0.9 us a construction)."""
 
     client_address: Address | None = None
     server_address: Address | None = None
@@ -219,19 +228,35 @@ def encode_request_fields(
     a client connection opens a stream per request (PROTOCOL.md §6.7), and
     re-encoding its addresses and TLS facts for each was measurable at the edge.
     They go before the connection's items: the origin decodes those once per
-    client connection (:meth:`StreamMetadata.decode`)."""
-    out = bytearray()
+    client connection (:meth:`StreamMetadata.decode`).
+
+    Written out item by item, without :func:`_put`: the edge runs this for
+    every request (3.4 -> 1.6 us)."""
+    pack = _ITEM.pack
+    out = b""
     if host is not None:
-        _put(out, MetaKey.HOST, host.encode("utf-8"))
+        raw = host.encode("utf-8")
+        if len(raw) > 0xFFFF:
+            raise MetadataError("metadata item 0x8 longer than 65535 octets")
+        out = pack(_HOST, len(raw)) + raw
     if request_id is not None:
-        _put(out, MetaKey.REQUEST_ID, request_id.encode("utf-8"))
+        raw = request_id.encode("utf-8")
+        if len(raw) > 0xFFFF:
+            raise MetadataError("metadata item 0x9 longer than 65535 octets")
+        out += pack(_REQUEST_ID, len(raw)) + raw
     if method is not None:
-        _put(out, MetaKey.METHOD, method.encode("utf-8"))
+        raw = method.encode("utf-8")
+        if len(raw) > 0xFFFF:
+            raise MetadataError("metadata item 0xb longer than 65535 octets")
+        out += pack(_METHOD, len(raw)) + raw
     if target is not None:
-        _put(out, MetaKey.TARGET, target.encode("utf-8", "surrogateescape"))
+        raw = target.encode("utf-8", "surrogateescape")
+        if len(raw) > 0xFFFF:
+            raise MetadataError("metadata item 0xc longer than 65535 octets")
+        out += pack(_TARGET, len(raw)) + raw
     if long_poll:
-        _put(out, MetaKey.LONG_POLL, b"\x01")
-    return bytes(out)
+        out += _LONG_POLL_ITEM
+    return out
 
 
 def _put(out: bytearray, key: int, value: bytes) -> None:
