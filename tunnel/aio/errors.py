@@ -39,9 +39,15 @@ class StreamResetError(TunnelError):
     """The stream was reset; ``code`` is its wire error code."""
 
     def __init__(self, code: int, remote: bool) -> None:
-        who = "peer" if remote else "local side"
-        super().__init__(f"stream reset by {who}: {ErrorCode.name_of(code)}", code)
+        # No message until one is read (__str__): every request stream ends
+        # with a reset (IDLE, PROTOCOL.md §6.5.1) whose error nobody prints.
+        self.args = (code, remote)
+        self.code = code
         self.remote = remote
+
+    def __str__(self) -> str:
+        who = "peer" if self.remote else "local side"
+        return f"stream reset by {who}: {ErrorCode.name_of(self.code)}"
 
 
 class StreamOpenError(TunnelError):
