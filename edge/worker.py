@@ -41,7 +41,7 @@ from edge.exchange_wait import TunnelWait
 from edge.front_h1 import Http1Connection
 from edge.http1 import HttpLimits
 from edge.listener import Listener, ProxyListener, RedirectListener, TlsListener, is_trusted
-from edge.metrics import EdgeMetrics
+from edge.metrics import EdgeMetrics, RequestTally
 from edge.origins import OriginSet
 from edge.services import ClientConnection, ClientFacts
 from edge.tls import CertificateStore
@@ -119,6 +119,7 @@ class EdgeWorker:
         self.tally = Tally()
         self._retransmits = RetransmitTally()
         self.metrics = EdgeMetrics()
+        self.request_tally = RequestTally(self.metrics)
         self.process_metrics = ProcessMetrics("edge")
         caps = config.admission
         # The caps are per host: this worker enforces its share.
@@ -275,9 +276,14 @@ class EdgeWorker:
         for connection in list(self.connections):
             connection.close_now("drain timeout")
         await self.origins.close(drain_timeout_s=1.0)
-        self.tally.publish()
+        self.publish_metrics()
         if self.access_log is not None:
             self.access_log.close()
+
+    def publish_metrics(self) -> None:
+        """What the hot path summed since the last call, into Prometheus."""
+        self.request_tally.flush(self.tally)
+        self.tally.publish()
 
     def _tunnel_going_away(self, tunnel: TunnelConnection) -> None:
         """An origin told ``tunnel`` to go away (it reloads or stops): requests
@@ -320,7 +326,7 @@ class EdgeWorker:
             woke_at = loop.time() + SWEEP_INTERVAL_S
             await asyncio.sleep(SWEEP_INTERVAL_S)
             self.process_metrics.sample(event_loop_lag_s=loop.time() - woke_at)
-            self.tally.publish()
+            self.publish_metrics()
             if self.access_log is not None:  # a quiet edge's last lines within a second
                 self.access_log.flush()
             self._sweep_connections(time.monotonic())
@@ -498,21 +504,19 @@ class EdgeWorker:
         status = record.status
         protocol = record.protocol
         origin = record.origin or "-"
-        tally, m = self.tally, self.metrics
-        tally.add(m.requests, str(status))
-        tally.add(m.bytes, "in", record.bytes_in)
-        tally.add(m.bytes, "out", sent)
         duration = now - record.started
-        tally.observe(m.request_seconds, (origin, f"{status // 100}xx", protocol), duration)
-        ttfb_ms = transfer_ms = None
-        if record.first_byte:
-            ttfb = record.first_byte - record.started
-            tally.observe(m.first_byte_seconds, (origin, protocol), ttfb)
-            tally.observe(m.transfer_seconds, (protocol,), now - record.first_byte)
-            ttfb_ms = round(ttfb * 1000, 3)
-            transfer_ms = round((now - record.first_byte) * 1000, 3)
+        first_byte = record.first_byte
+        ttfb = first_byte - record.started if first_byte else None
+        transfer = now - first_byte
+        self.request_tally.add(
+            status, origin, protocol, record.bytes_in, sent, duration, ttfb, transfer
+        )
         if self.access_log is None:
             return
+        ttfb_ms = transfer_ms = None
+        if ttfb is not None:
+            ttfb_ms = round(ttfb * 1000, 3)
+            transfer_ms = round(transfer * 1000, 3)
         extra: dict[str, Any] = {"reason": record.reason} if record.reason else {}
         if record.cache:
             extra["cache"] = record.cache

@@ -337,6 +337,19 @@ class Tally:
         counts[bisect.bisect_left(bounds, seconds)] += 1
         counts[-1] += seconds
 
+    def add_buckets(
+        self, histogram: Histogram, labels: tuple[str, ...], buckets: Sequence[float]
+    ) -> None:
+        """Add per-bucket counts and their sum (the layout :meth:`_bucket` keeps:
+        one count per upper bound, then the sum), summed elsewhere."""
+        key = (histogram, labels)
+        counts = self._histograms.get(key)
+        if counts is None:
+            self._histograms[key] = list(buckets)
+            return
+        for index, count in enumerate(buckets):
+            counts[index] += count
+
     def publish(self) -> None:
         counts, self._counts = self._counts, {}
         for (counter, label), amount in counts.items():

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from edge.metrics import EdgeMetrics, RequestTally
 from geoedge.metrics import Tally
 
 BUCKETS = (0.001, 0.01, 0.1, 1.0)
@@ -56,3 +60,47 @@ def test_a_value_on_a_bucket_bound_counts_in_that_bucket() -> None:
     values = families(registry)
     assert values[("t_seconds_bucket", (("le", "0.001"), ("route", "/")))] == 0
     assert values[("t_seconds_bucket", (("le", "0.01"), ("route", "/")))] == 1
+
+
+REQUESTS = st.lists(
+    st.tuples(
+        st.sampled_from([200, 204, 304, 404, 502]),
+        st.sampled_from(["o1", "o2"]),
+        st.sampled_from(["h1", "h2", "ws"]),
+        st.integers(0, 10**6),
+        st.integers(0, 10**7),
+        st.floats(0, 100, allow_nan=False),
+        st.none() | st.floats(0, 100, allow_nan=False),
+        st.floats(0, 100, allow_nan=False),
+    ),
+    max_size=30,
+)
+
+
+@given(REQUESTS)
+def test_the_edge_request_tally_equals_each_request_counted_directly(
+    requests: list[tuple[int, str, str, int, int, float, float | None, float]],
+) -> None:
+    """RequestTally sums a request into one list; published, the series are
+    what each request's six updates would have made."""
+    direct, tallied = EdgeMetrics(CollectorRegistry()), EdgeMetrics(CollectorRegistry())
+    request_tally, tally = RequestTally(tallied), Tally()
+    for status, origin, protocol, bytes_in, sent, duration, ttfb, transfer in requests:
+        direct.requests.labels(str(status)).inc()
+        direct.bytes.labels("in").inc(bytes_in)
+        direct.bytes.labels("out").inc(sent)
+        status_class = f"{status // 100}xx"
+        direct.request_seconds.labels(origin, status_class, protocol).observe(duration)
+        if ttfb is not None:
+            direct.first_byte_seconds.labels(origin, protocol).observe(ttfb)
+            direct.transfer_seconds.labels(protocol).observe(transfer)
+        request_tally.add(status, origin, protocol, bytes_in, sent, duration, ttfb, transfer)
+    request_tally.flush(tally)
+    tally.publish()
+    expected, got = families(direct.registry), families(tallied.registry)
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
+    request_tally.flush(tally)  # nothing twice
+    tally.publish()
+    assert families(tallied.registry) == got
