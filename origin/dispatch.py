@@ -18,9 +18,9 @@ at once (its reading paused: the 0-RTT bytes wait), then, soon after:
    backend to begin with, else ``CONNECT_FAILED``; the edge answers 503/502.
 
 When the stream ends (:meth:`StreamDispatcher._finished`) its backend's slot is
-released and its counts go to the tally; a stream the edge ended between
-exchanges offers its backend connection for the next one
-(:meth:`StreamDispatcher.park`).
+released and its counts go to the backend's sums (:mod:`origin.backend_counts`);
+a stream the edge ended between exchanges offers its backend connection for
+the next one (:meth:`StreamDispatcher.park`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Any
 
 from geoedge.logs import AccessLog, debug_enabled, log_event
 from geoedge.metrics import Tally
+from origin.backend_counts import BackendCounts
 from origin.balancer import (
     Backend,
     BackendPool,
@@ -76,6 +77,13 @@ class BackendTag:
     first_byte_seconds: Any
     stream_seconds: Any
     pool: str
+    counts: BackendCounts  # summed per stream, published by publish_counts
+
+    def publish_counts(self) -> None:
+        self.counts.publish(
+            self.streams, self.reused, self.bytes_up, self.bytes_down,
+            self.first_byte_seconds, self.stream_seconds,
+        )  # fmt: skip
 
 
 class StreamDispatcher:
@@ -118,6 +126,8 @@ class StreamDispatcher:
         self.queues = PoolQueues(metrics, self._loop, clock)
         #: Streams that got a backend connection since the start.
         self.streams_total = 0
+        #: Every backend's metric handles made so far (a bounded set: pool x address).
+        self.tags: list[BackendTag] = []
         self._parking = True
         self._debug = debug_enabled(log)
 
@@ -140,7 +150,9 @@ class StreamDispatcher:
 
     def _tag(self, pool: str, address: str) -> BackendTag:
         m = self.metrics
-        return BackendTag(
+        first_byte_seconds = m.first_byte_seconds.labels(pool, address)
+        stream_seconds = m.stream_seconds.labels(pool, address)
+        tag = BackendTag(
             streams=m.streams.labels(pool, address),
             active=m.streams_active.labels(pool, address),
             reused=m.reused.labels(pool, address),
@@ -148,10 +160,19 @@ class StreamDispatcher:
             bytes_down=m.bytes.labels(pool, address, "from_backend"),
             ejected=m.ejected.labels(pool, address),
             connect_seconds=m.connect_seconds.labels(pool, address),
-            first_byte_seconds=m.first_byte_seconds.labels(pool, address),
-            stream_seconds=m.stream_seconds.labels(pool, address),
+            first_byte_seconds=first_byte_seconds,
+            stream_seconds=stream_seconds,
             pool=pool,
+            counts=BackendCounts(first_byte_seconds, stream_seconds),
         )
+        self.tags.append(tag)
+        return tag
+
+    def publish_counts(self) -> None:
+        """Every backend's per-stream counts into its metrics (those of a
+        backend no longer in a pool too: its last streams count)."""
+        for tag in self.tags:
+            tag.publish_counts()
 
     # -- a stream's start --------------------------------------------------------------
 
@@ -203,7 +224,7 @@ class StreamDispatcher:
             backend.active += 1
         splice.reused = True
         self._started(splice, backend, reused.transport, reused, b"")  # type: ignore[arg-type]
-        self.tally.inc(backend.tag.reused)
+        backend.tag.counts.reused += 1
         return True
 
     async def _connect(self, splice: Splice, pool: BackendPool | None) -> None:
@@ -295,7 +316,7 @@ class StreamDispatcher:
         self.streams_total += 1
         if not splice.connected_at:  # a reused connection: it is ours from now
             splice.connected_at = self._clock()
-        self.tally.inc(backend.tag.streams)
+        backend.tag.counts.streams += 1
         splice.tag = backend
         splice.attach(transport, preamble, protocol)
 
@@ -363,14 +384,14 @@ class StreamDispatcher:
         backend.active -= 1
         tag = backend.tag
         self.queues.slot_freed(tag.pool)
-        tally = self.tally
-        if splice.bytes_up:
-            tally.inc(tag.bytes_up, splice.bytes_up)
-        if splice.bytes_down:
-            tally.inc(tag.bytes_down, splice.bytes_down)
-        if splice.first_byte_at:
-            tally.observe_child(tag.first_byte_seconds, splice.first_byte_at - splice.opened_at)
-        tally.observe_child(tag.stream_seconds, _monotonic() - splice.opened_at)
+        opened_at = splice.opened_at
+        first_byte_at = splice.first_byte_at
+        tag.counts.finished(
+            splice.bytes_up,
+            splice.bytes_down,
+            first_byte_at - opened_at if first_byte_at else None,
+            _monotonic() - opened_at,
+        )
         if code == ErrorCode.UPSTREAM_RESET:
             self.metrics.stream_failures.labels(tag.pool, "UPSTREAM_RESET").inc()
 

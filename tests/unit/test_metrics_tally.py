@@ -1,4 +1,5 @@
-"""The tally adds up to what the same events would have made one by one."""
+"""The tallies (the worker's, the edge's per request, the origin's per backend)
+add up to what the same events would have made one by one."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from edge.metrics import EdgeMetrics, RequestTally
 from geoedge.metrics import Tally
+from origin.backend_counts import BackendCounts
+from origin.metrics import WorkerMetrics
 
 BUCKETS = (0.001, 0.01, 0.1, 1.0)
 SECONDS = [0.0005, 0.001, 0.002, 0.05, 0.05, 0.5, 3.0]
@@ -104,3 +107,51 @@ def test_the_edge_request_tally_equals_each_request_counted_directly(
     request_tally.flush(tally)  # nothing twice
     tally.publish()
     assert families(tallied.registry) == got
+
+
+STREAMS = st.lists(
+    st.tuples(
+        st.booleans(),  # reused
+        st.integers(0, 10**6),
+        st.integers(0, 10**7),
+        st.none() | st.floats(0, 100, allow_nan=False),
+        st.floats(0, 100, allow_nan=False),
+    ),
+    max_size=30,
+)
+
+
+@given(STREAMS, st.integers(1, 3))
+def test_the_origin_backend_counts_equal_each_stream_counted_directly(
+    streams: list[tuple[bool, int, int, float | None, float]], publishes: int
+) -> None:
+    """BackendCounts sums a backend's streams on its own object; published
+    (once or more), the series are what each stream's updates would have made."""
+    direct, summed = WorkerMetrics(CollectorRegistry()), WorkerMetrics(CollectorRegistry())
+    children = [
+        (m.streams.labels("p", "b"), m.reused.labels("p", "b"),
+         m.bytes.labels("p", "b", "to_backend"), m.bytes.labels("p", "b", "from_backend"),
+         m.first_byte_seconds.labels("p", "b"), m.stream_seconds.labels("p", "b"))
+        for m in (direct, summed)
+    ]  # fmt: skip
+    d_streams, d_reused, d_up, d_down, d_first, d_seconds = children[0]
+    counts = BackendCounts(children[1][4], children[1][5])
+    for index, (reused, up, down, first_byte, seconds) in enumerate(streams):
+        d_streams.inc()
+        counts.streams += 1
+        if reused:
+            d_reused.inc()
+            counts.reused += 1
+        d_up.inc(up)
+        d_down.inc(down)
+        if first_byte is not None:
+            d_first.observe(first_byte)
+        d_seconds.observe(seconds)
+        counts.finished(up, down, first_byte, seconds)
+        if index % publishes == 0:
+            counts.publish(*children[1])
+    counts.publish(*children[1])
+    expected, got = families(direct.registry), families(summed.registry)
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
