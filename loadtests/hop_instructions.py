@@ -1,5 +1,6 @@
-"""``make bench-hop-instructions``: machine instructions per keep-alive request at
-each of geoedge's two hops, live.
+"""``make bench-hop-instructions``: machine instructions per request at each of
+geoedge's two hops, live: keep-alive, or (``--new-connections``) each request
+on a new connection with a full TLS handshake.
 
 ``make bench-edge`` gives each hop's CPU time per request from ``/proc``; on a
 shared machine that figure moves 1.5-3x with the neighbours' load, more than
@@ -116,25 +117,44 @@ class Measured:
     dump: Path  # the long run's callgrind dump
 
 
-def _run(connection: KeepAliveConnection, requests: int) -> None:
-    for _ in range(requests):
-        connection.get()
+class Client:
+    """``GET /`` through the edge: on one keep-alive connection, or (``new``)
+    each on a connection of its own, a full TLS handshake (never resumed)."""
+
+    def __init__(self, port: int, new: bool) -> None:
+        self.port = port
+        self.new = new
+        self.connection: KeepAliveConnection | None = None
+
+    def run(self, requests: int) -> None:
+        for _ in range(requests):
+            if self.connection is None:
+                self.connection = KeepAliveConnection(self.port, tls=True, timeout_s=60.0)
+            self.connection.get()
+            if self.new:
+                self.close()
+
+    def close(self) -> None:
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
 
 
-def measure(hops: Hops, short: int, long: int) -> dict[str, Measured]:
-    connection = KeepAliveConnection(hops.ports.edge, tls=True, timeout_s=60.0)
+def measure(hops: Hops, short: int, long: int, new: bool) -> dict[str, Measured]:
+    client = Client(hops.ports.edge, new)
     try:
-        _run(connection, 200)  # warm-up: caches, the backend connection, the tunnel window
+        client.run(200)  # warm-up: caches, the backend connection, the tunnel window
         dumps: dict[str, list[Path]] = {name: [] for name in hops.workers}
         for requests in (short, long):
             for pid in hops.workers.values():
                 os.kill(pid, callgrind_shim.START_SIGNAL)
             time.sleep(1.0)  # handled at the next wake-up (a timer); a request may do it
-            _run(connection, requests)
+            client.run(requests)
+            time.sleep(0.5)  # the last connection's close reaches the edge
             for name, pid in hops.workers.items():
                 dumps[name].append(_dump(hops.workdir, name, pid))
     finally:
-        connection.close()
+        client.close()
     return {
         name: Measured(round((_total(long_dump) - _total(short_dump)) / (long - short)), long_dump)
         for name, (short_dump, long_dump) in dumps.items()
@@ -145,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench-hop-instructions", description=__doc__)
     parser.add_argument("--short", type=int, default=200)
     parser.add_argument("--long", type=int, default=1000)
+    parser.add_argument(
+        "--new-connections", action="store_true",
+        help="each request on a new connection (a full TLS handshake), not keep-alive",
+    )  # fmt: skip
     parser.add_argument("--keep", type=Path, help="keep the dumps here")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -155,21 +179,24 @@ def main(argv: list[str] | None = None) -> int:
     hops = Hops(workdir)
     try:
         hops.start()
-        figures = measure(hops, args.short, args.long)
+        figures = measure(hops, args.short, args.long, args.new_connections)
     finally:
         hops.stop()
+    what = "request on a new connection" if args.new_connections else "keep-alive request"
     for name, measured in figures.items():
         if args.keep is not None:
             args.keep.mkdir(parents=True, exist_ok=True)
             shutil.copy(measured.dump, args.keep / f"callgrind.{name}")
-        print(f"{name}: {measured.instructions_per_request:,} instructions per keep-alive request")
+        print(f"{name}: {measured.instructions_per_request:,} instructions per {what}")
     shutil.rmtree(workdir, ignore_errors=True)
-    results = {
-        "workload": f"keep-alive GET / through TLS, {args.long} - {args.short} requests",
+    # One entry per workload: a run of the other keeps the figures it has.
+    results = json.loads(args.output.read_text()) if args.output.exists() else {}
+    results["new_connections" if args.new_connections else "keepalive"] = {
+        "workload": f"{what}: GET / through TLS, {args.long} - {args.short} requests",
         "build": build_mode(),
-        **{name: {"instructions_per_request": m.instructions_per_request}
-           for name, m in figures.items()},
-    }  # fmt: skip
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        **{name: m.instructions_per_request for name, m in figures.items()},
+    }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2) + "\n")
     return 0
