@@ -52,6 +52,19 @@ _TEXT_FIELDS: tuple[tuple[MetaKey, str], ...] = (
     (MetaKey.TARGET, "target"),
 )
 _TEXT_BY_KEY = {int(k): name for k, name in _TEXT_FIELDS}
+_KIND_ADDRESS, _KIND_TEXT, _KIND_FLAG = 0, 1, 2
+#: Every field as (key, name, kind), in key order: what ``encode`` writes.
+_FIELDS_IN_KEY_ORDER: tuple[tuple[int, str, int], ...] = tuple(
+    sorted(
+        [
+            (int(MetaKey.CLIENT_ADDRESS), "client_address", _KIND_ADDRESS),
+            (int(MetaKey.SERVER_ADDRESS), "server_address", _KIND_ADDRESS),
+            (int(MetaKey.TLS_RESUMED), "tls_resumed", _KIND_FLAG),
+            (int(MetaKey.LONG_POLL), "long_poll", _KIND_FLAG),
+            *((int(key), name, _KIND_TEXT) for key, name in _TEXT_FIELDS),
+        ]
+    )
+)
 _KNOWN_KEYS = frozenset(int(k) for k in MetaKey)
 _CLIENT_ADDRESS = int(MetaKey.CLIENT_ADDRESS)
 _SERVER_ADDRESS = int(MetaKey.SERVER_ADDRESS)
@@ -99,23 +112,22 @@ class StreamMetadata:
 
     def encode(self) -> bytes:
         """The TLV encoding of every field that is set, in key order."""
-        items: list[tuple[int, bytes]] = []
-        if self.client_address is not None:
-            items.append((MetaKey.CLIENT_ADDRESS, _encode_address(self.client_address)))
-        if self.server_address is not None:
-            items.append((MetaKey.SERVER_ADDRESS, _encode_address(self.server_address)))
-        for key, name in _TEXT_FIELDS:
-            value = getattr(self, name)
-            if value is not None:
-                items.append((key, value.encode("utf-8", "surrogateescape")))
-        if self.tls_resumed is not None:
-            items.append((MetaKey.TLS_RESUMED, b"\x01" if self.tls_resumed else b"\x00"))
-        if self.long_poll is not None:
-            items.append((MetaKey.LONG_POLL, b"\x01" if self.long_poll else b"\x00"))
-        items.sort(key=lambda item: item[0])
         out = bytearray()
-        for item_key, raw in items:
-            _put(out, item_key, raw)
+        pack = _ITEM.pack
+        for key, name, kind in _FIELDS_IN_KEY_ORDER:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if kind == _KIND_TEXT:
+                raw = value.encode("utf-8", "surrogateescape")
+                if len(raw) > 0xFFFF:
+                    raise MetadataError(f"metadata item {key:#x} longer than 65535 octets")
+            elif kind == _KIND_ADDRESS:
+                raw = _encode_address(value)
+            else:
+                raw = b"\x01" if value else b"\x00"
+            out += pack(key, len(raw))
+            out += raw
         for extra_key, raw in self.extra.items():
             if not 0 <= extra_key <= 0xFF or extra_key in _KNOWN_KEYS:
                 raise MetadataError(
