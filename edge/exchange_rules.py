@@ -98,11 +98,16 @@ def on_fault(
     return Action(Step.ANSWER, status, outcome)
 
 
+# Not read off the class per request (``EnumType.__getattr__``'s slot, tunnel.mux.stream).
+_IDLE = ErrorCode.IDLE
+_CANCEL = ErrorCode.CANCEL
+
+
 def end_code(*, request_whole: bool, at_boundary: bool, queued_up: int) -> int:
     """How a finished request stream ends (PROTOCOL.md §6.5.1, §6.7): IDLE when
     the backend connection can serve another request — the request went up
     whole and nothing of it is still queued, the response was complete and
     kept the connection alive, no further byte arrived — else CANCEL."""
     if request_whole and at_boundary and queued_up == 0:
-        return ErrorCode.IDLE
-    return ErrorCode.CANCEL
+        return _IDLE
+    return _CANCEL

@@ -61,6 +61,7 @@ log = logging.getLogger("geoedge.origin")
 HEAD_WAIT_S = 0.1
 
 _monotonic = time.monotonic
+_UPSTREAM_RESET = ErrorCode.UPSTREAM_RESET  # not read off the class per stream
 
 
 @dataclass(slots=True, eq=False)
@@ -392,7 +393,7 @@ class StreamDispatcher:
             first_byte_at - opened_at if first_byte_at else None,
             _monotonic() - opened_at,
         )
-        if code == ErrorCode.UPSTREAM_RESET:
+        if code == _UPSTREAM_RESET:
             self.metrics.stream_failures.labels(tag.pool, "UPSTREAM_RESET").inc()
 
     # -- shutdown ----------------------------------------------------------------------

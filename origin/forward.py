@@ -59,6 +59,7 @@ _MAX_UNIQUE_ID = 128
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST
 _UNSPECIFIED = {4: ("0.0.0.0", 0), 6: ("::", 0)}
 _monotonic = time.monotonic
+_IDLE = ErrorCode.IDLE  # not read off the class per stream (tunnel.mux.stream)
 
 
 class Splice(asyncio.Protocol):
@@ -153,7 +154,7 @@ class Splice(asyncio.Protocol):
             self.backend_open = False
             if exc is None:
                 backend.close()
-            elif not (isinstance(exc, TunnelError) and exc.code == ErrorCode.IDLE and self._park()):
+            elif not (isinstance(exc, TunnelError) and exc.code == _IDLE and self._park()):
                 _reset(backend)
         elif self.connect_task is not None:
             task, self.connect_task = self.connect_task, None

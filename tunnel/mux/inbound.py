@@ -61,6 +61,7 @@ from tunnel.mux.window import ReceiveWindow
 
 _END = int(Flag.END_STREAM)
 _DATA = int(FrameType.DATA)
+_RECV_END = StreamInput.RECV_END  # not read off the class per stream
 _MAX_SETTINGS_PAYLOAD = 4 + 6 * 64
 
 
@@ -172,7 +173,7 @@ class Inbound:
             self._peer_end(stream, now, events)
 
     def _peer_end(self, stream: Stream, now: float, events: list[Event]) -> None:
-        stream.transition(StreamInput.RECV_END)
+        stream.transition(_RECV_END)
         events.append(StreamEnded(stream.stream_id))
         if stream.finished:
             self._table.forget(stream, now)

@@ -37,6 +37,13 @@ class StreamInput(enum.Enum):
 
 _S = StreamState
 _I = StreamInput
+# Members as module names: a member read off its class goes through
+# ``EnumType.__getattr__``'s slot (~1,000 instructions in 3.11), and streams
+# read their state a few times a request.
+_OPEN = StreamState.OPEN
+_HALF_CLOSED_LOCAL = StreamState.HALF_CLOSED_LOCAL
+_HALF_CLOSED_REMOTE = StreamState.HALF_CLOSED_REMOTE
+_CLOSED = StreamState.CLOSED
 
 #: PROTOCOL.md §6.4. RESET (either way) closes from any state and is not listed.
 TRANSITIONS: dict[tuple[StreamState, StreamInput], StreamState] = {
@@ -72,7 +79,7 @@ class Stream:
     ) -> None:
         self.stream_id = stream_id
         self.local = local
-        self.state = StreamState.OPEN
+        self.state = _OPEN
         # A deque only while data waits (queue_data, take): an empty deque is
         # 760 B, held by every idle stream (a WebSocket's, for hours).
         self.send_queue: deque[bytes | memoryview] | tuple[()] = ()
@@ -94,16 +101,18 @@ class Stream:
     @property
     def end_queued(self) -> bool:
         """The application has ended its side (the END_STREAM may still be queued)."""
-        return self.state in (StreamState.HALF_CLOSED_LOCAL, StreamState.CLOSED)
+        state = self.state
+        return state is _HALF_CLOSED_LOCAL or state is _CLOSED
 
     @property
     def peer_ended(self) -> bool:
-        return self.state in (StreamState.HALF_CLOSED_REMOTE, StreamState.CLOSED)
+        state = self.state
+        return state is _HALF_CLOSED_REMOTE or state is _CLOSED
 
     @property
     def finished(self) -> bool:
         """Both sides ended and our END_STREAM is on its way: forget the stream."""
-        return self.state is StreamState.CLOSED and self.end_sent
+        return self.state is _CLOSED and self.end_sent
 
     def queue_data(self, data: bytes) -> None:
         """Queue ``data`` (not copied) for :meth:`take`."""

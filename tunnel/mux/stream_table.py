@@ -10,6 +10,8 @@ from tunnel.mux.receive_credit import ReceiveCredit
 from tunnel.mux.stream import Stream, StreamState
 from tunnel.mux.window import ReceiveWindow
 
+_CLOSED = StreamState.CLOSED  # not read off the class per stream (tunnel.mux.stream)
+
 
 class StreamTable:
     """Owns ``streams`` (id → :class:`Stream`, the open ones), ``next_local_id``
@@ -68,7 +70,7 @@ class StreamTable:
         stream_id = stream.stream_id
         if self.streams.pop(stream_id, None) is None:
             return
-        stream.state = StreamState.CLOSED
+        stream.state = _CLOSED
         if stream.local:
             self.local_open -= 1
         else:
