@@ -1,0 +1,19 @@
+# Types for the compiled build of inbound.py (tunnel/build_mode.py): the
+# state in a C struct, read without a dictionary or type lookup; every
+# attribute stays readable from Python as before.
+
+cdef class Inbound:
+    cdef public object _budget
+    cdef public object _client
+    cdef public object _config
+    cdef public object _control
+    cdef public object _credit
+    cdef public object _out
+    cdef public object _pings
+    cdef public object _table
+    cdef public object closed_by_peer
+    cdef public object established
+    cdef public object goaway_received
+    cdef public object last_peer_id
+    cdef public object peer_settings
+    cdef public object version
