@@ -1,0 +1,12 @@
+# Types for the compiled build of receive_credit.py (tunnel/build_mode.py): the
+# state in a C struct, read without a dictionary or type lookup; every
+# attribute stays readable from Python as before.
+
+cdef class ReceiveCredit:
+    cdef public object _config
+    cdef public object _out
+    cdef public object _rtt
+    cdef public object announced_stream_window
+    cdef public object credit_sent
+    cdef public object learned_window
+    cdef public object window
