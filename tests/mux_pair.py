@@ -86,6 +86,8 @@ class Side:
     auto_ack: bool = True
     end_count: Counter[int] = field(default_factory=Counter)
     """StreamEnded events per stream: the protocol promises exactly one."""
+    sent: bytearray = field(default_factory=bytearray)
+    """Every octet this side's session wrote, in order (the pair's transcript)."""
 
     def take(self, events: list[Event], now: float) -> None:
         for event in events:
@@ -145,6 +147,7 @@ class SessionPair:
         data = b"".join(bytes(chunk) for chunk in out)
         if not data:
             return False
+        src.sent += data
         self.wire_bytes[key] += len(data)
         step = self.chunk or len(data)
         for i in range(0, len(data), step):
@@ -187,6 +190,7 @@ class SessionPair:
             raise AssertionError("flight did not settle")
         self.advance(one_way_s)
         data = b"".join(pieces)
+        src.sent += data
         self.wire_bytes[key] += len(data)
         step = self.chunk or max(len(data), 1)
         for i in range(0, len(data), step):

@@ -358,7 +358,7 @@ def test_window_builds_agree(
             if step == "receive":
                 seen.append(outcome(lambda value=value: window.receive(value)))
             elif step == "consume":
-                seen.append(outcome(lambda value=value: window.consume(value, now, rtt)))
+                seen.append(outcome(lambda value=value, now=now: window.consume(value, now, rtt)))
             elif step == "raise_size":
                 seen.append(window.raise_size(value))
             elif step == "rtt":

@@ -121,6 +121,28 @@ class Session:
     (the GOAWAY) still comes out of :meth:`data_to_send`.
     """
 
+    __slots__ = (
+        "_budget",
+        "_bytes_received",
+        "_control",
+        "_credit",
+        "_inbound",
+        "_last_measure_ping",
+        "_last_received",
+        "_next_ping_at",
+        "_out",
+        "_pings",
+        "_reader",
+        "_stream_credit_sent",
+        "_streams",
+        "_table",
+        "client",
+        "config",
+        "peer_settings",
+        "rtt",
+        "terminated",
+    )
+
     def __init__(
         self, config: SessionConfig, *, client: bool, now: float, learned_window_hint: int = 0
     ) -> None:

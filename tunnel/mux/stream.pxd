@@ -2,11 +2,13 @@
 # state in a C struct, read without a dictionary or type lookup; every
 # attribute stays readable from Python as before.
 
+from tunnel.mux.window cimport ReceiveWindow
+
 cdef class Stream:
     cdef public object end_sent
     cdef public object local
     cdef public object received_any
-    cdef public object recv_window
+    cdef public ReceiveWindow recv_window
     cdef public object send_buffered
     cdef public object send_queue
     cdef public object send_window

@@ -2,11 +2,14 @@
 # state in a C struct, read without a dictionary or type lookup; every
 # attribute stays readable from Python as before.
 
+from tunnel.mux.outbound cimport Outbound
+from tunnel.mux.receive_credit cimport ReceiveCredit
+
 cdef class StreamTable:
-    cdef public object _credit
-    cdef public object _out
+    cdef public ReceiveCredit _credit
+    cdef public Outbound _out
     cdef public object local_open
     cdef public object next_local_id
     cdef public object opened_total
     cdef public object peer_open
-    cdef public object streams
+    cdef public dict streams
