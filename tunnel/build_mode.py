@@ -88,6 +88,9 @@ COMPILED_MODULES: tuple[str, ...] = (
     "tunnel.aio.connection_writer",
     "origin.forward",
     "origin.dispatch",
+    "origin.balancer",
+    "origin.keepalive",
+    "origin.pool_queues",
 )
 
 #: Cython bindings to C libraries (``.pyx``): module -> the system libraries
