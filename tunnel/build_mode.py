@@ -91,6 +91,11 @@ COMPILED_MODULES: tuple[str, ...] = (
     "origin.balancer",
     "origin.keepalive",
     "origin.pool_queues",
+    "edge.tls_transport",
+    "edge.origins",
+    "edge.exchange_rules",
+    "tunnel.policy",
+    "tunnel.aio.pool",
 )
 
 #: Cython bindings to C libraries (``.pyx``): module -> the system libraries

@@ -146,7 +146,7 @@ class TunnelPool:
     @property
     def learned_stream_window(self) -> int:
         live = [c.session.learned_stream_window for c in self._connections]
-        return max([self._learned_window, *live])
+        return max(live + [self._learned_window])
 
     def choose(self) -> TunnelConnection | None:
         return choose_connection(self._connections)
