@@ -145,8 +145,9 @@ class TunnelPool:
 
     @property
     def learned_stream_window(self) -> int:
-        live = [c.session.learned_stream_window for c in self._connections]
-        return max(live + [self._learned_window])
+        windows = [c.session.learned_stream_window for c in self._connections]
+        windows.append(self._learned_window)
+        return max(windows)
 
     def choose(self) -> TunnelConnection | None:
         return choose_connection(self._connections)
