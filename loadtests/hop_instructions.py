@@ -1,6 +1,6 @@
 """``make bench-hop-instructions``: machine instructions per request at each of
-geoedge's two hops, live: keep-alive, or (``--new-connections``) each request
-on a new connection with a full TLS handshake.
+geoedge's two hops, live: keep-alive, each request on a new connection with a
+full TLS handshake, or HTTP/2 (``--workload``).
 
 ``make bench-edge`` gives each hop's CPU time per request from ``/proc``; on a
 shared machine that figure moves 1.5-3x with the neighbours' load, more than
@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -117,21 +118,42 @@ class Measured:
     dump: Path  # the long run's callgrind dump
 
 
-class Client:
-    """``GET /`` through the edge: on one keep-alive connection, or (``new``)
-    each on a connection of its own, a full TLS handshake (never resumed)."""
+#: The workloads, by name: what ``--workload`` takes and the results file keys.
+WORKLOADS = {
+    "keepalive": "keep-alive request",
+    "new_connections": "request on a new connection",
+    "h2": "HTTP/2 request (10 streams in flight)",
+}
 
-    def __init__(self, port: int, new: bool) -> None:
+
+class Client:
+    """``GET /`` through the edge: on one keep-alive connection
+    (``keepalive``); each on a connection of its own, a full TLS handshake,
+    never resumed (``new_connections``); or over HTTP/2 with ``h2load``, one
+    connection per run and 10 streams in flight (``h2``: the run's handshake
+    is the same in the short and the long run, so it cancels out)."""
+
+    def __init__(self, port: int, workload: str) -> None:
         self.port = port
-        self.new = new
+        self.workload = workload
         self.connection: KeepAliveConnection | None = None
 
     def run(self, requests: int) -> None:
+        if self.workload == "h2":
+            argv = ["h2load", "-t1", "-c1", "-m10", f"-n{requests}",
+                    f"https://127.0.0.1:{self.port}/"]  # fmt: skip
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=True)
+            if (
+                f"{requests} succeeded" not in out.stdout
+                or "Application protocol: h2" not in out.stdout
+            ):
+                raise RuntimeError(f"h2load: {out.stdout[-800:]}")
+            return
         for _ in range(requests):
             if self.connection is None:
                 self.connection = KeepAliveConnection(self.port, tls=True, timeout_s=60.0)
             self.connection.get()
-            if self.new:
+            if self.workload == "new_connections":
                 self.close()
 
     def close(self) -> None:
@@ -140,8 +162,8 @@ class Client:
             self.connection = None
 
 
-def measure(hops: Hops, short: int, long: int, new: bool) -> dict[str, Measured]:
-    client = Client(hops.ports.edge, new)
+def measure(hops: Hops, short: int, long: int, workload: str) -> dict[str, Measured]:
+    client = Client(hops.ports.edge, workload)
     try:
         client.run(200)  # warm-up: caches, the backend connection, the tunnel window
         dumps: dict[str, list[Path]] = {name: [] for name in hops.workers}
@@ -165,10 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench-hop-instructions", description=__doc__)
     parser.add_argument("--short", type=int, default=200)
     parser.add_argument("--long", type=int, default=1000)
-    parser.add_argument(
-        "--new-connections", action="store_true",
-        help="each request on a new connection (a full TLS handshake), not keep-alive",
-    )  # fmt: skip
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="keepalive")
     parser.add_argument("--keep", type=Path, help="keep the dumps here")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -179,10 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     hops = Hops(workdir)
     try:
         hops.start()
-        figures = measure(hops, args.short, args.long, args.new_connections)
+        figures = measure(hops, args.short, args.long, args.workload)
     finally:
         hops.stop()
-    what = "request on a new connection" if args.new_connections else "keep-alive request"
+    what = WORKLOADS[args.workload]
     for name, measured in figures.items():
         if args.keep is not None:
             args.keep.mkdir(parents=True, exist_ok=True)
@@ -191,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(workdir, ignore_errors=True)
     # One entry per workload: a run of the other keeps the figures it has.
     results = json.loads(args.output.read_text()) if args.output.exists() else {}
-    results["new_connections" if args.new_connections else "keepalive"] = {
+    results[args.workload] = {
         "workload": f"{what}: GET / through TLS, {args.long} - {args.short} requests",
         "build": build_mode(),
         "date": time.strftime("%Y-%m-%d %H:%M"),
