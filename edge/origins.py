@@ -116,15 +116,16 @@ class OriginSet:
     def open_stream(
         self, metadata: StreamMetadata | bytes, factory: Callable[[], asyncio.BaseProtocol]
     ) -> tuple[str, TunnelStream]:
-        name: str | None
-        if len(self.pools) == 1:  # the common single-origin edge: nothing to choose
-            only = next(iter(self.pools))
-            name = only if self.pools[only].usable else None
-        else:
-            name = choose_origin(self.candidates(), self._rng)
-        if name is None:
+        pools = self.pools
+        if len(pools) == 1:  # the common single-origin edge: nothing to choose
+            # The pool's own choice says whether it has a usable connection
+            # (NoTunnelAvailable when not): asking first walked its connections twice.
+            name = next(iter(pools))
+            return name, pools[name].open_stream(metadata, factory)
+        chosen = choose_origin(self.candidates(), self._rng)
+        if chosen is None:
             raise NoTunnelAvailable("no usable tunnel to any origin")
-        return name, self.pools[name].open_stream(metadata, factory)
+        return chosen, pools[chosen].open_stream(metadata, factory)
 
     def wait_for_tunnel(self, waiter: TunnelWaiter) -> bool:
         """Call ``waiter.tunnel_ready()`` when a tunnel connection becomes usable;

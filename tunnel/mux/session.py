@@ -431,9 +431,10 @@ class Session:
 
     @property
     def can_open_stream(self) -> bool:
+        inbound = self._inbound  # the closing property, inlined: a pool asks per request
         return (
-            self._inbound.established
-            and not self.closing
+            inbound.established
+            and not (self._out.goaway_sent or inbound.goaway_received or self.terminated)
             and self._table.local_open < self.peer_settings[_MAX_CONCURRENT_STREAMS]
         )
 
