@@ -28,7 +28,8 @@ LOCK := deploy/requirements.lock
 # (edge/h2_nghttp2.pyx) links: Debian's library, not a vendored copy, so that
 # Debian's security updates of it (three since 1.52.0: rapid reset,
 # CONTINUATION flood, CVE-2026-27135) reach the edge without a geoedge
-# release; valgrind counts instructions (make bench-edge-logic ARGS=--instructions).
+# release; valgrind counts instructions (make bench-edge-logic ARGS=--instructions,
+# make bench-hop-instructions).
 APT_PACKAGES := haproxy wrk iptables iproute2 libnetfilter-queue-dev gcc python3-dev \
 	systemd wireguard-go wireguard-tools curl nghttp2-client prometheus chromium cloud-init \
 	valgrind nginx-light libnghttp2-dev
