@@ -127,8 +127,9 @@ class StreamDispatcher:
         self.queues = PoolQueues(metrics, self._loop, clock)
         #: Streams that got a backend connection since the start.
         self.streams_total = 0
-        #: Every backend's metric handles made so far (a bounded set: pool x address).
-        self.tags: list[BackendTag] = []
+        #: Every backend's metric handles and counts, by (pool, address): a
+        #: backend that leaves and comes back (DNS discovery) gets its tag again.
+        self.tags: dict[tuple[str, str], BackendTag] = {}
         self._parking = True
         self._debug = debug_enabled(log)
 
@@ -150,6 +151,9 @@ class StreamDispatcher:
         self.router = PoolRouter(snapshots)
 
     def _tag(self, pool: str, address: str) -> BackendTag:
+        tag = self.tags.get((pool, address))
+        if tag is not None:
+            return tag
         m = self.metrics
         first_byte_seconds = m.first_byte_seconds.labels(pool, address)
         stream_seconds = m.stream_seconds.labels(pool, address)
@@ -166,13 +170,13 @@ class StreamDispatcher:
             pool=pool,
             counts=BackendCounts(first_byte_seconds, stream_seconds),
         )
-        self.tags.append(tag)
+        self.tags[pool, address] = tag
         return tag
 
     def publish_counts(self) -> None:
         """Every backend's per-stream counts into its metrics (those of a
         backend no longer in a pool too: its last streams count)."""
-        for tag in self.tags:
+        for tag in self.tags.values():
             tag.publish_counts()
 
     # -- a stream's start --------------------------------------------------------------
