@@ -338,10 +338,11 @@ class Tally:
         counts[-1] += seconds
 
     def add_buckets(
-        self, histogram: Histogram, labels: tuple[str, ...], buckets: Sequence[float]
+        self, histogram: Histogram, labels: tuple[str, ...] | None, buckets: Sequence[float]
     ) -> None:
         """Add per-bucket counts and their sum (the layout :meth:`_bucket` keeps:
-        one count per upper bound, then the sum), summed elsewhere."""
+        one count per upper bound, then the sum), summed elsewhere; ``labels``
+        None: ``histogram`` is a labelled child already."""
         key = (histogram, labels)
         counts = self._histograms.get(key)
         if counts is None:

@@ -80,9 +80,9 @@ class BackendTag:
     pool: str
     counts: BackendCounts  # summed per stream, published by publish_counts
 
-    def publish_counts(self) -> None:
+    def publish_counts(self, tally: Tally) -> None:
         self.counts.publish(
-            self.streams, self.reused, self.bytes_up, self.bytes_down,
+            tally, self.streams, self.reused, self.bytes_up, self.bytes_down,
             self.first_byte_seconds, self.stream_seconds,
         )  # fmt: skip
 
@@ -174,10 +174,10 @@ class StreamDispatcher:
         return tag
 
     def publish_counts(self) -> None:
-        """Every backend's per-stream counts into its metrics (those of a
+        """Every backend's per-stream counts into the tally (those of a
         backend no longer in a pool too: its last streams count)."""
         for tag in self.tags.values():
-            tag.publish_counts()
+            tag.publish_counts(self.tally)
 
     # -- a stream's start --------------------------------------------------------------
 

@@ -71,8 +71,8 @@ class MetricsPublisher:
 
     def publish_counts(self) -> None:
         """Add the tally to the metrics and set the in-flight gauges."""
+        self._dispatcher.publish_counts()  # into the tally first
         self._tally.publish()
-        self._dispatcher.publish_counts()
         for pool in self._dispatcher.pools.values():
             for backend in pool.backends:
                 if backend.tag is not None:

@@ -135,7 +135,7 @@ def test_the_origin_backend_counts_equal_each_stream_counted_directly(
         for m in (direct, summed)
     ]  # fmt: skip
     d_streams, d_reused, d_up, d_down, d_first, d_seconds = children[0]
-    counts = BackendCounts(children[1][4], children[1][5])
+    counts, tally = BackendCounts(children[1][4], children[1][5]), Tally()
     for index, (reused, up, down, first_byte, seconds) in enumerate(streams):
         d_streams.inc()
         counts.streams += 1
@@ -149,8 +149,10 @@ def test_the_origin_backend_counts_equal_each_stream_counted_directly(
         d_seconds.observe(seconds)
         counts.finished(up, down, first_byte, seconds)
         if index % publishes == 0:
-            counts.publish(*children[1])
-    counts.publish(*children[1])
+            counts.publish(tally, *children[1])
+            tally.publish()
+    counts.publish(tally, *children[1])
+    tally.publish()
     expected, got = families(direct.registry), families(summed.registry)
     assert got.keys() == expected.keys()
     for key, value in expected.items():

@@ -18,8 +18,9 @@ def test_a_backend_that_leaves_and_comes_back_gets_its_tag_again() -> None:
     and what it counted before it left is still published."""
 
     async def main() -> None:
+        tally = Tally()
         dispatcher = StreamDispatcher(
-            "o", WorkerMetrics(CollectorRegistry()), Tally(), None, lambda: 0.0
+            "o", WorkerMetrics(CollectorRegistry()), tally, None, lambda: 0.0
         )
         with_a = PoolSnapshot(
             "p", backends=(BackendSpec("127.0.0.1:1"), BackendSpec("127.0.0.1:2"))
@@ -36,6 +37,7 @@ def test_a_backend_that_leaves_and_comes_back_gets_its_tag_again() -> None:
         assert again.tag is first.tag  # ...with the same handles and counts
         assert len(dispatcher.tags) == 2
         dispatcher.publish_counts()
+        tally.publish()
         assert first.tag.streams._value.get() == 3
 
     asyncio.run(main())

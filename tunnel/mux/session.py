@@ -431,10 +431,9 @@ class Session:
 
     @property
     def can_open_stream(self) -> bool:
-        inbound = self._inbound  # the closing property, inlined: a pool asks per request
         return (
-            inbound.established
-            and not (self._out.goaway_sent or inbound.goaway_received or self.terminated)
+            self._inbound.established
+            and not self.closing
             and self._table.local_open < self.peer_settings[_MAX_CONCURRENT_STREAMS]
         )
 
