@@ -1,5 +1,18 @@
+cimport cython
+
 # Types for the compiled build of head.py (tunnel/build_mode.py): one source,
 # these declarations beside it. Attributes other modules read are public.
+
+cdef int _TOKEN_CHAR, _TARGET_CHAR, _VALUE_CHAR, _VISIBLE_CHAR
+
+
+@cython.locals(
+    classes=bytes, i=Py_ssize_t, start=Py_ssize_t, minor=Py_ssize_t, hundreds=Py_ssize_t,
+    tens=Py_ssize_t, units=Py_ssize_t, size=Py_ssize_t, digits=Py_ssize_t, lengths=Py_ssize_t, chunked=bint,
+    headers=list,
+)
+cpdef plain_head(bytes data, Py_ssize_t pos, Py_ssize_t end, bint response, Py_ssize_t max_headers)
+
 
 cdef class _Callbacks:
     cdef public Py_ssize_t max_headers
@@ -28,6 +41,7 @@ cdef class HeadParser:
     cdef public bytes target
 
     cpdef Py_ssize_t feed(self, data, Py_ssize_t pos) except? -2
+    cdef Py_ssize_t _feed_whole(self, data, Py_ssize_t pos) except? -2
     cdef Py_ssize_t _feed_start_line(self, data, Py_ssize_t pos) except? -2
     cdef _start(self, line)
     cdef Py_ssize_t _feed_fields(self, data, Py_ssize_t pos) except? -2
