@@ -55,6 +55,8 @@ __all__ = [
 #: The modules compiled, chosen by profile (README "Compiled modules" says
 #: what each costs); ``hatch_build.py`` reads this list.
 COMPILED_MODULES: tuple[str, ...] = (
+    "edge.http1.syntax",
+    "edge.http1.events",
     "edge.http1.head",
     "edge.http1.request_head",
     "edge.http1.response",

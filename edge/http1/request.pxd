@@ -1,5 +1,6 @@
 # Types for the compiled build of request.py (tunnel/build_mode.py).
 from edge.http1.head cimport HeadParser
+from edge.http1.request_head cimport ForwardingIdentity
 
 cdef int _HEAD, _BODY_LENGTH, _BODY_CHUNKED, _UPGRADE_HELD, _TUNNEL, _DRAINING, _DEAD
 
@@ -9,7 +10,7 @@ cdef class RequestReader:
     cdef bint _eof
     cdef HeadParser _head
     cdef object _held
-    cdef object _identity
+    cdef ForwardingIdentity _identity
     cdef bint _keep_alive
     cdef object _limits
     cdef Py_ssize_t _remaining

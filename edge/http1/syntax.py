@@ -19,9 +19,9 @@ MAX_CONTENT_LENGTH_DIGITS = 18
 so no parser downstream (Node.js, llhttp) can overflow on a value we accepted."""
 
 _HEX_VALUES = [-1] * 256
-for _i, _c in enumerate(b"0123456789abcdef"):
-    _HEX_VALUES[_c] = _i
-    _HEX_VALUES[bytes([_c]).upper()[0]] = _i
+for _i, _c in enumerate("0123456789abcdef"):
+    _HEX_VALUES[ord(_c)] = _i
+    _HEX_VALUES[ord(_c.upper())] = _i
 del _i, _c
 
 _TCHAR = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]"

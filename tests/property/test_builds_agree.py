@@ -38,6 +38,7 @@ DIFFERENTIAL = settings(
 MODULES = {
     name: builds(name)
     for name in (
+        "edge.http1.syntax",
         "edge.http1.head",
         "edge.http1.request",
         "edge.http1.response",
@@ -102,6 +103,23 @@ def test_request_reader_builds_agree(data: bytes, cuts: list[int], trusted: bool
     compiled, pure = both("edge.http1.request")
     pieces = split_at(data, cuts)
     assert _request_events(compiled, pieces, trusted) == _request_events(pure, pieces, trusted)
+
+
+@DIFFERENTIAL
+@given(
+    st.one_of(
+        st.binary(max_size=24), st.text("0123456789abcdefABCDEF+_ \t", max_size=24).map(str.encode)
+    ),
+    st.integers(0, 20),
+    st.lists(st.text("a,B ;\t=x", max_size=16).map(str.encode), max_size=4),
+)
+def test_syntax_builds_agree(text: bytes, digits: int, values: list[bytes]) -> None:
+    compiled, pure = both("edge.http1.syntax")
+    for module in (compiled, pure):
+        assert module.split_tokens(values) == pure.split_tokens(values)
+        assert module.parse_decimal(text, digits) == pure.parse_decimal(text, digits)
+        assert module.parse_hex(text, digits) == pure.parse_hex(text, digits)
+        assert module.strip_ows(text) == pure.strip_ows(text)
 
 
 def _head_outcome(module: ModuleType, pieces: list[bytes], response: bool) -> list[object]:
