@@ -12,7 +12,6 @@ import enum
 import functools
 import ipaddress
 import struct
-from dataclasses import dataclass, field
 
 from tunnel.mux.errors import MetadataError
 
@@ -65,6 +64,11 @@ _FIELDS_IN_KEY_ORDER: tuple[tuple[int, str, int], ...] = tuple(
         ]
     )
 )
+_FIELD_NAMES = (
+    "client_address", "server_address", "server_name", "alpn", "tls_version", "tls_cipher",
+    "edge_id", "host", "request_id", "tls_resumed", "method", "target", "long_poll", "extra",
+)  # fmt: skip
+"""StreamMetadata's fields, in the order its constructor takes them."""
 _KNOWN_KEYS = frozenset(int(k) for k in MetaKey)
 _CLIENT_ADDRESS = int(MetaKey.CLIENT_ADDRESS)
 _SERVER_ADDRESS = int(MetaKey.SERVER_ADDRESS)
@@ -85,30 +89,81 @@ _OTHER_FIELDS = {
 }
 
 
-@dataclass(slots=True)
 class StreamMetadata:
     """What the origin needs to know about the client behind a stream.
 
-    Read-only by convention, not ``frozen``: the origin decodes one per request
-    (:meth:`decode`), and a frozen dataclass sets each of its 14 fields through
-    ``object.__setattr__`` (3.3 against 0.9 us a construction)."""
+    Read-only by convention. Not a dataclass: the origin decodes one per
+    request (:meth:`decode`), and the compiled build makes it a typed class
+    (``metadata.pxd``), whose fields are set in C; a dataclass's generated
+    ``__init__`` is interpreted code in either build (~11,000 instructions
+    per request at the origin, ``make bench-hop-instructions``). Built like
+    one: keyword or positional fields in this order, all optional, equality
+    by fields, unhashable."""
 
-    client_address: Address | None = None
-    server_address: Address | None = None
-    server_name: str | None = None
-    alpn: str | None = None
-    tls_version: str | None = None
-    tls_cipher: str | None = None
-    edge_id: str | None = None
-    host: str | None = None
-    request_id: str | None = None
-    tls_resumed: bool | None = None
-    method: str | None = None
-    target: str | None = None
-    long_poll: bool | None = None
-    """The edge lists the request's target as a long poll: no response
-    deadline applies to its stream (PROTOCOL.md §6.2)."""
-    extra: dict[int, bytes] = field(default_factory=dict)
+    __slots__ = (
+        "alpn",
+        "client_address",
+        "edge_id",
+        "extra",
+        "host",
+        "long_poll",
+        "method",
+        "request_id",
+        "server_address",
+        "server_name",
+        "target",
+        "tls_cipher",
+        "tls_resumed",
+        "tls_version",
+    )
+
+    def __init__(
+        self,
+        client_address: Address | None = None,
+        server_address: Address | None = None,
+        server_name: str | None = None,
+        alpn: str | None = None,
+        tls_version: str | None = None,
+        tls_cipher: str | None = None,
+        edge_id: str | None = None,
+        host: str | None = None,
+        request_id: str | None = None,
+        tls_resumed: bool | None = None,
+        method: str | None = None,
+        target: str | None = None,
+        long_poll: bool | None = None,
+        extra: dict[int, bytes] | None = None,
+    ) -> None:
+        self.client_address = client_address
+        self.server_address = server_address
+        self.server_name = server_name
+        self.alpn = alpn
+        self.tls_version = tls_version
+        self.tls_cipher = tls_cipher
+        self.edge_id = edge_id
+        self.host = host
+        self.request_id = request_id
+        self.tls_resumed = tls_resumed
+        self.method = method
+        self.target = target
+        # long_poll: the edge lists the request's target as a long poll, and
+        # no response deadline applies to its stream (PROTOCOL.md §6.2).
+        self.long_poll = long_poll
+        self.extra: dict[int, bytes] = {} if extra is None else extra
+
+    def _fields(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in _FIELD_NAMES)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # as a dataclass with eq: unhashable
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELD_NAMES)
+        return f"StreamMetadata({shown})"
 
     def encode(self) -> bytes:
         """The TLV encoding of every field that is set, in key order."""
