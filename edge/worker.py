@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import logging
 import os
 import random
@@ -40,6 +39,7 @@ from edge.exchange import RequestRecord
 from edge.exchange_wait import TunnelWait
 from edge.front_h1 import Http1Connection
 from edge.http1 import HttpLimits
+from edge.http1.request_head import RequestIds
 from edge.listener import Listener, ProxyListener, RedirectListener, TlsListener, is_trusted
 from edge.metrics import EdgeMetrics, RequestTally
 from edge.origins import OriginSet
@@ -112,9 +112,9 @@ class EdgeWorker:
         self._websocket_window_s = 0.0
         self._listeners: list[Listener] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._id_prefix = os.urandom(4).hex()
+        # (a callable: the readers' request_id_factory, edge.http1.RequestIds)
+        self.new_request_id = RequestIds(os.urandom(4).hex())
         self._pid = os.getpid()  # a worker never forks again; getpid is a syscall
-        self._id_counter = itertools.count(1)
         self.access_log = _open_access_log(config)
         self.tally = Tally()
         self._retransmits = RetransmitTally()
@@ -442,9 +442,6 @@ class EdgeWorker:
 
     def ready(self) -> bool:
         return not self.draining and self.origins.any_usable
-
-    def new_request_id(self) -> str:
-        return f"{self._id_prefix}{next(self._id_counter):08x}"
 
     def open_stream(
         self, metadata: bytes, factory: Callable[[], asyncio.BaseProtocol]

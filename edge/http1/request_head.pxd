@@ -1,6 +1,8 @@
 # Types for the compiled build of request_head.py (tunnel/build_mode.py): the
 # rules' helpers are C functions; _Rewrite stays a Python class (a test
 # replaces its method to count the rewrites).
+cimport cython
+
 from edge.http1.head cimport HeadParser
 
 cdef int _HOST, _CONTENT_LENGTH, _TRANSFER_ENCODING, _CONNECTION, _UPGRADE, _HOP_BY_HOP
@@ -33,6 +35,13 @@ cdef class _Fields:
     cdef public list x_forwarded_for
 
 
+cdef class RequestIds:
+    cdef Py_ssize_t _count
+    cdef bytes _prefix
+
+    cpdef bytes next_id(self)
+
+
 cpdef build_request_head(HeadParser parsed, ForwardingIdentity identity, request_id_factory)
 cdef _check_host(list hosts, bytes version)
 cdef bytes _origin_form(bytes method, bytes target, host)
@@ -40,10 +49,10 @@ cdef tuple _framing(_Fields fields, bytes version)
 cdef _websocket_handshake(
     _Fields fields, bytes method, bytes version, list connection, content_length, bint chunked
 )
+@cython.locals(sequence=RequestIds)
 cdef bytes _request_id(list ids, bint trusted, factory)
 cdef _append_forwarding(
     list out, _Fields fields, ForwardingIdentity identity, host, bytes request_id
 )
 cdef tuple _trace_id(list trace, bint trusted, bytes request_id)
-cdef tuple _started_traceparent(str trace_id, bytes request_id)
 cdef bytes _forwarded_value(bytes value)

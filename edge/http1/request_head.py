@@ -290,7 +290,7 @@ def build_request_head(
     elif content_length is not None:
         framing.append((b"Content-Length", b"content-length", b"%d" % content_length))
     request_id = _request_id(fields.request_ids, identity.trusted, request_id_factory)
-    trace_id, kept_trace = _trace_id(fields.trace, identity.trusted, request_id)
+    trace_id, span_id = _trace_id(fields.trace, identity.trusted, request_id)
     idempotent = method in IDEMPOTENT_METHODS
     expects_body = chunked or bool(content_length)
     return RequestHeadReceived(
@@ -298,7 +298,7 @@ def build_request_head(
         target=target,
         http_version=version,
         client_fields=tuple(fields.pairs),
-        forwarded=_Rewrite(fields, framing, identity, host, request_id, kept_trace),
+        forwarded=_Rewrite(fields, framing, identity, host, request_id, span_id),
         host=host.decode("ascii") if host is not None else None,
         request_id=request_id.decode("ascii"),
         trace_id=trace_id,
@@ -317,7 +317,7 @@ class _Rewrite:
     edge's framing, forwarding and trace fields (made by
     :meth:`RequestHeadReceived.head` on first use; a cache hit never asks)."""
 
-    __slots__ = ("fields", "framing", "host", "identity", "kept_trace", "request_id")
+    __slots__ = ("fields", "framing", "host", "identity", "request_id", "span_id")
 
     def __init__(
         self,
@@ -326,23 +326,24 @@ class _Rewrite:
         identity: ForwardingIdentity,
         host: bytes | None,
         request_id: bytes,
-        kept_trace: bool,
+        span_id: str | None,
     ) -> None:
         self.fields = fields
         self.framing = framing
         self.identity = identity
         self.host = host
         self.request_id = request_id
-        self.kept_trace = kept_trace
+        self.span_id = span_id  # None: the trace a trusted hop sent goes on
 
     def forwarded(self, request: RequestHeadReceived) -> tuple[bytes, Headers]:
         fields = self.fields
         added = self.framing  # (asked once: RequestHeadReceived keeps the answer)
         _append_forwarding(added, fields, self.identity, self.host, self.request_id)
-        if self.kept_trace:
+        if self.span_id is None:
             added.extend(fields.trace)
         else:
-            added.append(_started_traceparent(request.trace_id, self.request_id))
+            traceparent = f"00-{request.trace_id}-{self.span_id}-01".encode()
+            added.append((b"traceparent", b"traceparent", traceparent))
         parts = [request.method, b" ", request.target, b" HTTP/", request.http_version, b"\r\n"]
         for name, _, value in fields.kept:
             parts += (name, b": ", value, b"\r\n")
@@ -430,9 +431,35 @@ def _websocket_handshake(
     return WebSocketUpgrade(method=method, key=fields.ws_keys[0])
 
 
+class RequestIds:
+    """A worker's request ids, ``<prefix><counter as 8+ hex digits>``, as a
+    reader's ``request_id_factory``: the prefix is checked once, so every id
+    is valid by construction and the reader takes them as they are (a
+    factory of any other kind has each id checked)."""
+
+    __slots__ = ("_count", "_prefix")
+
+    def __init__(self, prefix: str) -> None:
+        encoded = prefix.encode("utf-8")
+        if len(encoded) > 180 or REQUEST_ID_RE.fullmatch(encoded + b"0") is None:
+            raise ValueError(f"unusable request id prefix: {prefix!r}")
+        self._prefix = encoded
+        self._count = 0
+
+    def __call__(self) -> str:
+        return self.next_id().decode("ascii")
+
+    def next_id(self) -> bytes:
+        self._count += 1
+        return self._prefix + b"%08x" % self._count
+
+
 def _request_id(ids: list[bytes], trusted: bool, factory: Callable[[], str]) -> bytes:
     if trusted and ids and REQUEST_ID_RE.fullmatch(ids[0]) is not None:
         return ids[0]
+    if type(factory) is RequestIds:
+        sequence: RequestIds = factory
+        return sequence.next_id()
     request_id = factory()
     encoded = request_id.encode("latin-1", "replace")
     if not request_id.isascii() or REQUEST_ID_RE.fullmatch(encoded) is None:
@@ -474,28 +501,23 @@ def _append_forwarding(
 _TRACEPARENT_RE = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
 
 
-def _trace_id(trace: list[Field], trusted: bool, request_id: bytes) -> tuple[str, bool]:
+def _trace_id(trace: list[Field], trusted: bool, request_id: bytes) -> tuple[str, str | None]:
     """W3C trace context: a well-formed ``traceparent`` (and its ``tracestate``)
-    from a trusted hop is kept (``(its trace id, True)``); otherwise the edge
-    starts a trace (``(a new trace id, False)``), so Node's own traces join the
-    edge's logs by trace id.
+    from a trusted hop is kept (``(its trace id, None)``); otherwise the edge
+    starts a trace (``(a new trace id, the span id of its traceparent)``), so
+    Node's own traces join the edge's logs by trace id.
 
-    A trace the edge starts takes its ids from a hash of the request id, which
-    is unique per worker (a random prefix and a counter): the reader stays a
-    pure function of its input and its id factory."""
+    A trace the edge starts takes its ids from one hash of the request id,
+    which is unique per worker (a random prefix and a counter): the reader
+    stays a pure function of its input and its id factory. The first 16
+    octets are the trace id, the last 8 the span id."""
     parents = [f for f in trace if f[1] == b"traceparent"]
     if trusted and len(parents) == 1:
         match = _TRACEPARENT_RE.fullmatch(parents[0][2])
         if match and match[1] != b"0" * 32 and match[2] != b"0" * 16:
-            return match[1].decode("ascii"), True
-    trace_id = hashlib.blake2b(request_id, digest_size=16, person=b"geoedge-trace").hexdigest()
-    return trace_id, False
-
-
-def _started_traceparent(trace_id: str, request_id: bytes) -> Field:
-    """The ``traceparent`` of a trace the edge started (:func:`_trace_id`)."""
-    span_id = hashlib.blake2b(request_id, digest_size=8, person=b"geoedge-span").hexdigest()
-    return (b"traceparent", b"traceparent", f"00-{trace_id}-{span_id}-01".encode())
+            return match[1].decode("ascii"), None
+    ids = hashlib.blake2b(request_id, digest_size=24, person=b"geoedge-trace").hexdigest()
+    return ids[:32], ids[32:]
 
 
 def forwardable_trailers(section: bytes) -> bytes:

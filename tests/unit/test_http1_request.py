@@ -178,6 +178,7 @@ def test_simple_get_is_rewritten_and_completed() -> None:
         b"traceparent: 00-" + head.trace_id.encode() + b"-" + SPAN + b"-01\r\n"
         b"\r\n"
     )
+    assert head.trace_id == TRACE_IDS[:32]  # one hash of the request id makes both ids
     assert (head.method, head.target, head.http_version) == (b"GET", b"/a?b=1", b"1.1")
     assert head.host == "example.com"
     assert head.request_id == "gen-1"
@@ -187,7 +188,8 @@ def test_simple_get_is_rewritten_and_completed() -> None:
     assert (b"accept", b"*/*") in head.headers
 
 
-SPAN = hashlib.blake2b(b"gen-1", digest_size=8, person=b"geoedge-span").hexdigest().encode()
+TRACE_IDS = hashlib.blake2b(b"gen-1", digest_size=24, person=b"geoedge-trace").hexdigest()
+SPAN = TRACE_IDS[32:].encode()
 
 
 def test_the_edge_starts_a_trace_unless_a_trusted_hop_sent_one() -> None:
@@ -1286,3 +1288,22 @@ def test_a_framing_error_in_a_body_is_a_rejection_mid_request(body: bytes) -> No
 def test_a_rejected_head_is_not_mid_request() -> None:
     rejected = rejection(feed_all(b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"))
     assert (rejected.status, rejected.mid_request) == (400, False)
+
+
+def test_a_workers_request_ids_are_valid_by_construction_and_go_up_unchanged() -> None:
+    from edge.http1.request_head import RequestIds
+
+    ids = RequestIds("a1b2c3d4")
+    context = ClientContext(CLIENT_IP, 40000, False, "https", 443)
+    reader = RequestReader(HttpLimits(), context, ids)
+    heads = [e for e in reader.feed(get() * 3) if isinstance(e, RequestHeadReceived)]
+    assert [h.request_id for h in heads] == [
+        "a1b2c3d400000001",
+        "a1b2c3d400000002",
+        "a1b2c3d400000003",
+    ]
+    assert b"X-Request-Id: a1b2c3d400000003\r\n" in heads[2].head
+    assert ids() == "a1b2c3d400000004"  # still a Callable[[], str] for any other use
+    for prefix in ("bad prefix", "é", "x" * 181):
+        with pytest.raises(ValueError, match="prefix"):
+            RequestIds(prefix)
