@@ -19,3 +19,16 @@ cdef class RequestHeadReceived:
     cdef public bytes target
     cdef public str trace_id
     cdef public object websocket_upgrade
+
+
+cdef class ResponseHeadReceived:
+    cdef public bint chunked
+    cdef public bint close_delimited
+    cdef public object content_length
+    cdef public bytes head
+    cdef public tuple headers
+    cdef public bytes http_version
+    cdef public bint keep_alive
+    cdef public frozenset nominated
+    cdef public bytes reason
+    cdef public int status

@@ -206,30 +206,82 @@ RequestEvent = (
 # Response side (backend → edge) ----------------------------------------------------
 
 
-@dataclass(slots=True)
 class ResponseHeadReceived:
     """A response head arrived; forward ``head`` as it is (raw bytes).
 
     ``status < 200`` marks an interim response (100, 103...): forward it and
     keep waiting for the final one. ``content_length``/``chunked`` describe
     the headers; a HEAD, 204 or 304 response has no body whatever they say.
+    ``close_delimited``: the body runs until the backend closes, so a client
+    can only see where it ends if its own connection closes there too.
+    ``nominated``: the fields the backend's ``Connection`` names (lowercase),
+    but for its own options and the body's framing: about the backend
+    connection, not forwarded (:func:`edge.http1.response.nominated_fields`).
+
+    Built like a dataclass (keyword or positional fields in this order,
+    equality by fields, unhashable) but written out, as
+    :class:`RequestHeadReceived` is: one per response on the hot path, a
+    typed class in the compiled build.
     """
 
-    status: int
-    reason: bytes
-    http_version: bytes
-    headers: Headers
-    head: bytes
-    keep_alive: bool
-    content_length: int | None
-    chunked: bool
-    close_delimited: bool = False
-    """The body runs until the backend closes: a client can only see where it
-    ends if its own connection closes there too."""
-    nominated: frozenset[bytes] = frozenset()
-    """The fields the backend's ``Connection`` names (lowercase), but for its
-    own options and the body's framing: about the backend connection, not
-    forwarded (:func:`edge.http1.response.nominated_fields`)."""
+    __slots__ = (
+        "chunked",
+        "close_delimited",
+        "content_length",
+        "head",
+        "headers",
+        "http_version",
+        "keep_alive",
+        "nominated",
+        "reason",
+        "status",
+    )
+
+    def __init__(
+        self,
+        status: int,
+        reason: bytes,
+        http_version: bytes,
+        headers: Headers,
+        head: bytes,
+        keep_alive: bool,
+        content_length: int | None,
+        chunked: bool,
+        close_delimited: bool = False,
+        nominated: frozenset[bytes] = frozenset(),
+    ) -> None:
+        self.status = status
+        self.reason = reason
+        self.http_version = http_version
+        self.headers = headers
+        self.head = head
+        self.keep_alive = keep_alive
+        self.content_length = content_length
+        self.chunked = chunked
+        self.close_delimited = close_delimited
+        self.nominated = nominated
+
+    def _fields(self) -> tuple[object, ...]:
+        return (
+            self.status, self.reason, self.http_version, self.headers, self.head,
+            self.keep_alive, self.content_length, self.chunked, self.close_delimited,
+            self.nominated,
+        )  # fmt: skip
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not ResponseHeadReceived:
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # as a dataclass with eq: unhashable
+
+    def __repr__(self) -> str:
+        return (
+            f"ResponseHeadReceived(status={self.status!r}, reason={self.reason!r}, "
+            f"keep_alive={self.keep_alive!r}, content_length={self.content_length!r}, "
+            f"chunked={self.chunked!r}, close_delimited={self.close_delimited!r}, "
+            f"head={self.head!r})"
+        )
 
     @property
     def informational(self) -> bool:

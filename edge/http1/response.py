@@ -221,7 +221,7 @@ class ResponseReader:
             self._switch_protocols(head, headers, key, events)
             return
         if status < 200:
-            events.append(self._head_event(head, headers, True, None, False))
+            events.append(_head_event(head, headers, True, None, False))
             return
         del self._pending[0]
         self._start_body(head, headers, method, events)
@@ -240,7 +240,7 @@ class ResponseReader:
             events.append(WebSocketRefused(101))
             return
         del self._pending[0]
-        events.append(self._head_event(head, headers, True, None, False))
+        events.append(_head_event(head, headers, True, None, False))
         events.append(WebSocketAccepted())
         self._state = _TUNNEL
 
@@ -264,7 +264,7 @@ class ResponseReader:
             state, keep_alive = _BODY_UNTIL_EOF, False
         else:
             state = _BODY_LENGTH if content_length else _HEAD
-        event = self._head_event(head, headers, keep_alive, content_length, chunked)
+        event = _head_event(head, headers, keep_alive, content_length, chunked)
         event.close_delimited = state == _BODY_UNTIL_EOF
         event.nominated = nominated_fields(tokens)
         events.append(event)
@@ -278,25 +278,6 @@ class ResponseReader:
             self._remaining = content_length or 0
             self._state = state
 
-    @staticmethod
-    def _head_event(
-        head: HeadParser,
-        headers: list[tuple[bytes, bytes]],
-        keep_alive: bool,
-        content_length: int | None,
-        chunked: bool,
-    ) -> ResponseHeadReceived:
-        return ResponseHeadReceived(
-            status=head.status,
-            reason=head.reason,
-            http_version=head.http_version,
-            headers=tuple(headers),
-            head=head.raw,
-            keep_alive=keep_alive,
-            content_length=content_length,
-            chunked=chunked,
-        )
-
     def _complete(self, events: list[ResponseEvent], trailers: Headers = ()) -> None:
         events.append(ResponseCompleted(self._close_after, trailers))
         self._started = False
@@ -306,6 +287,25 @@ class ResponseReader:
         self._state = _DEAD
         self._stash = b""
         self._head = HeadParser(self._limits, response=True)
+
+
+def _head_event(
+    head: HeadParser,
+    headers: list[tuple[bytes, bytes]],
+    keep_alive: bool,
+    content_length: int | None,
+    chunked: bool,
+) -> ResponseHeadReceived:
+    return ResponseHeadReceived(
+        status=head.status,
+        reason=head.reason,
+        http_version=head.http_version,
+        headers=tuple(headers),
+        head=head.raw,
+        keep_alive=keep_alive,
+        content_length=content_length,
+        chunked=chunked,
+    )
 
 
 def _framing(headers: list[tuple[bytes, bytes]], version: bytes) -> tuple[int | None, bool, bool]:
