@@ -54,6 +54,7 @@ from edge.http1.limits import ClientContext, HttpLimits
 from edge.http1.request_head import ForwardingIdentity, build_request_head, forwardable_trailers
 
 _HEAD, _BODY_LENGTH, _BODY_CHUNKED, _UPGRADE_HELD, _TUNNEL, _DRAINING, _DEAD = range(7)
+_COMPLETED = RequestCompleted()  # events are immutable: one serves every request
 
 
 class RequestReader:
@@ -231,7 +232,7 @@ class RequestReader:
         self._keep_alive = head.keep_alive
         events.append(head)
         if head.websocket_upgrade is not None:
-            events.append(RequestCompleted())
+            events.append(_COMPLETED)
             self._state = _UPGRADE_HELD
         elif head.chunked:
             self._chunked = ChunkedScanner(self._limits, self._limits.max_body_bytes)
@@ -262,7 +263,7 @@ class RequestReader:
         return end
 
     def _complete(self, events: list[RequestEvent]) -> None:
-        events.append(RequestCompleted())
+        events.append(_COMPLETED)
         self._state = _HEAD if self._keep_alive else _DRAINING
 
     def _hold(self, data: bytes) -> list[RequestEvent]:

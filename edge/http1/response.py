@@ -279,7 +279,10 @@ class ResponseReader:
             self._state = state
 
     def _complete(self, events: list[ResponseEvent], trailers: Headers = ()) -> None:
-        events.append(ResponseCompleted(self._close_after, trailers))
+        if trailers:
+            events.append(ResponseCompleted(self._close_after, trailers))
+        else:  # events are immutable: these two serve every response without trailers
+            events.append(_COMPLETED_CLOSING if self._close_after else _COMPLETED)
         self._started = False
         self._state = _CLOSING if self._close_after else _HEAD
 
@@ -341,6 +344,8 @@ _CONNECTION_OPTIONS = frozenset({b"close", b"keep-alive"})
 #: Fields ``Connection`` may not take away: the client frames the body by them.
 _UNNOMINATABLE = frozenset({b"content-length", b"transfer-encoding"})
 _NOTHING_NOMINATED: frozenset[bytes] = frozenset()
+_COMPLETED = ResponseCompleted(close_after=False)
+_COMPLETED_CLOSING = ResponseCompleted(close_after=True)
 #: The fields of :data:`_RESPONSE_HOP_BY_HOP` as lines of a raw head, with any
 #: obs-fold continuation lines: one pass in C for every response. A head ends
 #: in CRLF CRLF and llhttp takes no bare LF, so each match is ``\n`` + a whole
