@@ -32,9 +32,9 @@ from edge.exchange import Exchange, RequestRecord
 from edge.http1 import (
     RequestReader,
     ResponseHeadReceived,
+    client_head,
     closing_head,
     error_response,
-    reusable_head,
     with_field,
 )
 from edge.http1.events import Headers
@@ -139,19 +139,22 @@ class Http1Responses:
                 requests.hold(requests.reader.upgrade_refused())
             # The backend's persistence fields speak of the origin's pooled
             # connection; the client's own goes by its request and the framing.
+            first: list[bytes] = []  # the edge's fields, at the head's top, in this order
+            if record.request_id and not head.forwards_request_id:
+                first.append(b"X-Request-Id: " + record.request_id.encode())
+            if self._hsts is not None:
+                first.append(self._hsts)
             if not record.keep_alive or head.close_delimited or self.requests.draining:
                 # A close-delimited body ends where the client's connection does;
                 # a draining worker closes after the request in hand.
                 data = closing_head(data, head.nominated)
+                for field in reversed(first):
+                    data = with_field(data, field)
                 self.close_after = True
             else:
-                data = reusable_head(data, head.nominated)
                 if record.announce_keep_alive:
-                    data = with_field(data, b"Connection: keep-alive")
-            if self._hsts is not None:
-                data = with_field(data, self._hsts)
-            if record.request_id and not head.forwards_request_id:
-                data = with_field(data, b"X-Request-Id: " + record.request_id.encode())
+                    first.append(b"Connection: keep-alive")
+                data = client_head(data, head.headers, head.nominated, first)
         self.write_response(record, data)
 
     def response_data(self, exchange: Exchange, data: bytes) -> None:

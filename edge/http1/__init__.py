@@ -43,7 +43,13 @@ from edge.http1.events import (
 )
 from edge.http1.limits import ClientContext, HttpLimits
 from edge.http1.request import RequestReader
-from edge.http1.response import ResponseReader, closing_head, reusable_head, with_field
+from edge.http1.response import (
+    ResponseReader,
+    client_head,
+    closing_head,
+    reusable_head,
+    with_field,
+)
 from edge.http1.websocket import websocket_accept
 
 __all__ = [
@@ -69,6 +75,7 @@ __all__ = [
     "WebSocketAccepted",
     "WebSocketRefused",
     "WebSocketUpgrade",
+    "client_head",
     "closing_head",
     "error_response",
     "https_location",

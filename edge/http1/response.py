@@ -396,6 +396,35 @@ def reusable_head(head: bytes, nominated: frozenset[bytes] = _NOTHING_NOMINATED)
     return b"\r\n".join(kept) + b"\r\n\r\n"
 
 
+def client_head(
+    head: bytes, headers: Headers, nominated: frozenset[bytes], fields: list[bytes]
+) -> bytes:
+    """``head`` (a raw final response head, its fields ``headers`` as the
+    reader reported them) as :func:`reusable_head` makes it, with the field
+    lines ``fields`` first, in their order: what :func:`with_field` over each
+    of them, last first, would make, in one pass. A head whose lines are its
+    fields one to one (no obs-fold) and that names no field in ``Connection``
+    is cut by its lines; any other takes the general way."""
+    for field in fields:
+        if b"\r" in field or b"\n" in field:
+            raise ValueError("client_head needs one-line fields")
+    lines = head.split(b"\r\n")
+    if nominated or len(lines) != len(headers) + 3:
+        data = reusable_head(head, nominated)
+        for field in reversed(fields):
+            data = with_field(data, field)
+        return data
+    kept = [lines[0], *fields]
+    dropped = _RESPONSE_HOP_BY_HOP
+    line = 1
+    for name, _ in headers:
+        if name not in dropped:
+            kept.append(lines[line])
+        line += 1
+    kept += (b"", b"")
+    return b"\r\n".join(kept)
+
+
 def with_field(response: bytes, field: bytes) -> bytes:
     """``response`` (a final response head, or a whole response the edge wrote)
     with the field line ``field`` (``b"Name: value"``) right after its status line.

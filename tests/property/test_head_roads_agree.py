@@ -19,9 +19,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from edge.http1 import ResponseHeadReceived, ResponseReader
 from edge.http1.errors import MessageRejected
 from edge.http1.head import HeadParser, plain_head
 from edge.http1.limits import HttpLimits
+from edge.http1.response import client_head, reusable_head, with_field
 
 LIMITS = HttpLimits(max_request_line_bytes=120, max_header_bytes=400, max_headers=6)
 ROADS = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -56,8 +58,8 @@ _ODD_VERSIONS = [b"HTTP/2.0", b"HTTP/1.2", b"http/1.1", b"HTTP/1.1 "]
 _STATUSES = [b"200 OK", b"404 Not Found", b"301 Moved  Permanently", b"204 No Content", b"304 X"]
 _ODD_STATUSES = [b"101 Switching Protocols", b"199 X", b"600 X", b"200 ", b"200", b"20 OK",
                  b"200 O\tK", b"200 \x80", b"500 Internal Server Error "]  # fmt: skip
-_NAMES = [b"Host", b"Connection", b"X-A", b"te", b"Trailer", b"Cache-Control", b"t", b"C", b"U",
-          b"X_Y", b"x!#~09"]  # fmt: skip
+_NAMES = [b"Host", b"Connection", b"Keep-Alive", b"proxy-connection", b"X-A", b"te", b"Trailer",
+          b"Cache-Control", b"t", b"C", b"U", b"X_Y", b"x!#~09"]  # fmt: skip
 _ODD_NAMES = [b"Content-Length", b"content-length", b"CONTENT-LENGTH", b"Transfer-Encoding",
               b"transfer-encoding", b"Upgrade", b"upgrade", b"Bad Name", b"", b"X\x80",
               b"Content-Length ", b"X:Y", b"(x)"]  # fmt: skip
@@ -194,3 +196,19 @@ def test_heads_llhttp_interprets_are_left_to_it() -> None:
         assert plain_head(data, 0, len(data), False, 100) is None, data
     too_many = b"GET / HTTP/1.1\r\n" + b"X: 1\r\n" * 3 + b"\r\n"
     assert plain_head(too_many, 0, len(too_many), False, 2) is None
+
+
+@ROADS
+@given(heads(response=True), st.lists(st.sampled_from([b"X-Request-Id: r1", b"A: b"]), max_size=2))
+def test_the_client_head_in_one_pass_is_the_general_ways(data: bytes, fields: list[bytes]) -> None:
+    """client_head cuts a plain head by its lines; reusable_head and
+    with_field, the general way, must give the same bytes."""
+    reader = ResponseReader(HttpLimits())
+    reader.expect(b"GET", None)
+    events = reader.feed(data)
+    heads = [e for e in events if isinstance(e, ResponseHeadReceived) and e.status >= 200]
+    for head in heads:
+        general = reusable_head(head.head, head.nominated)
+        for field in reversed(fields):
+            general = with_field(general, field)
+        assert client_head(head.head, head.headers, head.nominated, fields) == general
