@@ -154,6 +154,9 @@ trailer is for passes: checksums and digests (``Content-Digest``, RFC 9530),
 timings, application fields."""
 
 _ABSOLUTE_FORM_RE = re.compile(rb"([A-Za-z][A-Za-z0-9+.\-]*)://([^/?#]*)(.*)", re.S)
+#: Octets as ints: ``int in bytes`` is one memchr, ``bytes in bytes`` a
+#: general substring search (20 against 220 ns for a field name).
+_UNDERSCORE, _HASH = b"_#"
 
 Field = tuple[bytes, bytes, bytes]  # (name as sent, lowercased name, value)
 
@@ -215,7 +218,7 @@ class _Fields:
             value = value.strip(b" \t")
             kind = kinds.get(lname)
             if kind is None:
-                if b"_" in lname and lname.replace(b"_", b"-") in kinds:
+                if _UNDERSCORE in lname and lname.replace(b"_", b"-") in kinds:
                     continue  # X_Forwarded_For: a backend may read it as the real one
                 kept.append((name, lname, value))
                 pairs.append((lname, value))
@@ -368,7 +371,7 @@ def _check_host(hosts: list[bytes], version: bytes) -> bytes | None:
 
 
 def _origin_form(method: bytes, target: bytes, host: bytes | None) -> bytes:
-    if b"#" in target:  # no form of request-target has one (RFC 9112 §3.2)
+    if _HASH in target:  # no form of request-target has one (RFC 9112 §3.2)
         raise MessageRejected(400, "fragment in the request target")
     if target[:1] == b"/":
         return target
@@ -532,7 +535,7 @@ def forwardable_trailers(section: bytes) -> bytes:
     kept = []
     for line in section.split(b"\r\n")[:-1]:
         name = line.partition(b":")[0].lower()
-        if name in dropped or (b"_" in name and name.replace(b"_", b"-") in dropped):
+        if name in dropped or (_UNDERSCORE in name and name.replace(b"_", b"-") in dropped):
             continue
         kept.append(line + b"\r\n")
     return b"".join(kept)
