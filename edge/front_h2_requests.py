@@ -43,6 +43,7 @@ from edge.http1 import (
     RequestReader,
     RequestRejected,
 )
+from edge.http1.request_head import ForwardingIdentity
 from edge.request_record import is_readiness_check, own_record, user_agent_of
 from edge.services import ClientFacts, EdgeServices
 from geoedge.logs import LogThrottle
@@ -68,6 +69,7 @@ class Http2Requests:
     __slots__ = (
         "_context",
         "_facts",
+        "_identity",
         "_metadata",
         "_services",
         "_session",
@@ -89,6 +91,7 @@ class Http2Requests:
         self._services = services
         self._session = session
         self._context = context
+        self._identity = ForwardingIdentity(context)  # the same client for every stream
         self._metadata = metadata
         self._facts = facts
         self.client_ip = context.client_ip
@@ -113,7 +116,9 @@ class Http2Requests:
             self._refuse_malformed(stream_id, exc, head=True)
             return
         translated = translate_request(fields, ends_stream=event.stream_ended is not None)
-        reader = RequestReader(services.http_limits, self._context, services.new_request_id)
+        reader = RequestReader(
+            services.http_limits, self._context, services.new_request_id, self._identity
+        )
         stream = ClientStream(
             session,
             stream_id,

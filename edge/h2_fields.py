@@ -58,10 +58,9 @@ _REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":authority", b":path", b"
 # two here, which the count of LFs catches.
 _NAME = re.compile(rb"[!-9;-@\[-~]+")
 _NAMES = re.compile(rb"[!-9;-@\[-~]+(?:\n[!-9;-@\[-~]+)*")
-_WHITESPACE = (b" ", b"\t")
 #: Octets as ints: ``int in bytes`` is one memchr, ``bytes in bytes`` a
 #: general substring search (20 against 220 ns).
-_CR, _NUL = b"\r\0"
+_CR, _NUL, _SPACE, _TAB = b"\r\0 \t"
 
 
 class MalformedFields(ValueError):
@@ -179,12 +178,8 @@ def _check_values(values: list[bytes]) -> None:
     joined = b"\n".join(values)
     if joined.count(b"\n") != len(values) - 1 or _CR in joined or _NUL in joined:
         raise MalformedFields("NUL, CR or LF in a field value")
-    if (
-        joined[:1] in _WHITESPACE
-        or joined[-1:] in _WHITESPACE
-        or b"\n " in joined
-        or b"\n\t" in joined
-        or b" \n" in joined
-        or b"\t\n" in joined
-    ):
-        raise MalformedFields("field value starts or ends with whitespace")
+    for value in values:  # (four substring searches of the joined values cost more)
+        if value and (
+            value[0] == _SPACE or value[0] == _TAB or value[-1] == _SPACE or value[-1] == _TAB
+        ):
+            raise MalformedFields("field value starts or ends with whitespace")

@@ -79,9 +79,13 @@ class RequestReader:
         limits: HttpLimits,
         context: ClientContext,
         request_id_factory: Callable[[], str],
+        identity: ForwardingIdentity | None = None,
     ) -> None:
+        """``identity``: the forwarding facts of ``context``, when the caller
+        made them already (an HTTP/2 connection reads each stream with a
+        reader of its own, and the client is the same for all)."""
         self._limits = limits
-        self._identity = ForwardingIdentity(context)
+        self._identity = ForwardingIdentity(context) if identity is None else identity
         self._request_id_factory = request_id_factory
         self._state = _HEAD
         self._head = HeadParser(limits, response=False)
