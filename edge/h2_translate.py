@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import base64
 import os
-from dataclasses import dataclass
 
 from edge.h2_fields import CONNECTION_SPECIFIC
 from edge.http1.events import Headers
@@ -42,16 +41,19 @@ _WEBSOCKET_DROPPED = _RESPONSE_DROPPED | {b"sec-websocket-accept"}
 _REQUEST_DROPPED = _RESPONSE_DROPPED | {
     b"host", b"cookie", b"sec-websocket-key", b"sec-websocket-version"
 }  # fmt: skip
+_COLON = ord(":")
 
 
-@dataclass(frozen=True, slots=True)
 class H2Request:
-    head: bytes
-    """An HTTP/1.1 request head, to feed to a RequestReader."""
-    chunked: bool
-    """The body is to be chunk-framed (no content-length, and a body follows)."""
-    websocket: bool
-    """An RFC 8441 WebSocket: answer the backend's 101 with 200."""
+    """What :func:`translate_request` makes of an HTTP/2 request (read-only
+    by convention; one per request, a typed class in the compiled build)."""
+
+    __slots__ = ("chunked", "head", "websocket")
+
+    def __init__(self, head: bytes, chunked: bool, websocket: bool) -> None:
+        self.head = head  # an HTTP/1.1 request head, to feed to a RequestReader
+        self.chunked = chunked  # the body is to be chunk-framed (no content-length, a body follows)
+        self.websocket = websocket  # an RFC 8441 WebSocket: answer the backend's 101 with 200
 
 
 def translate_request(
@@ -66,7 +68,7 @@ def translate_request(
     has_length = False
     host: bytes | None = None
     for name, value in headers:
-        if name[:1] == b":":
+        if name and name[0] == _COLON:
             pseudo[name] = value
         elif name == b"cookie":
             cookies.append(value)

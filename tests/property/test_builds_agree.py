@@ -14,7 +14,6 @@ the whole suite, which runs on both (``make test``, ``.ci/run``).
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import re
 from collections.abc import Callable
@@ -269,7 +268,8 @@ def test_h2_translation_builds_agree(fields: list[tuple[bytes, bytes]], ends_str
             lambda: module.translate_request(fields, ends_stream=ends_stream, key=b"k" * 24)
         )
         if result[0] == "ok":  # each twin has its own H2Request class: compare the fields
-            return "ok", dataclasses.astuple(result[1])
+            request = result[1]
+            return "ok", (request.head, request.chunked, request.websocket)
         return result
 
     assert translate(compiled) == translate(pure)
