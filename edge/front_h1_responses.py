@@ -36,6 +36,7 @@ from edge.http1 import (
     closing_head,
     error_response,
     with_field,
+    with_fields,
 )
 from edge.http1.events import Headers
 from edge.ledger import OutputLedger
@@ -147,9 +148,7 @@ class Http1Responses:
             if not record.keep_alive or head.close_delimited or self.requests.draining:
                 # A close-delimited body ends where the client's connection does;
                 # a draining worker closes after the request in hand.
-                data = closing_head(data, head.nominated)
-                for field in reversed(first):
-                    data = with_field(data, field)
+                data = with_fields(closing_head(data, head.nominated), first)
                 self.close_after = True
             else:
                 if record.announce_keep_alive:

@@ -49,6 +49,7 @@ from edge.http1.response import (
     closing_head,
     reusable_head,
     with_field,
+    with_fields,
 )
 from edge.http1.websocket import websocket_accept
 
@@ -85,4 +86,5 @@ __all__ = [
     "text_response",
     "websocket_accept",
     "with_field",
+    "with_fields",
 ]

@@ -8,8 +8,8 @@ cdef int _TOKEN_CHAR, _TARGET_CHAR, _VALUE_CHAR, _VISIBLE_CHAR
 
 @cython.locals(
     classes=bytes, i=Py_ssize_t, start=Py_ssize_t, minor=Py_ssize_t, hundreds=Py_ssize_t,
-    tens=Py_ssize_t, units=Py_ssize_t, size=Py_ssize_t, digits=Py_ssize_t, lengths=Py_ssize_t, chunked=bint,
-    headers=list,
+    tens=Py_ssize_t, units=Py_ssize_t, size=Py_ssize_t, digits=Py_ssize_t,
+    lengths=Py_ssize_t, chunked=bint, headers=list,
 )
 cpdef plain_head(bytes data, Py_ssize_t pos, Py_ssize_t end, bint response, Py_ssize_t max_headers)
 

@@ -413,10 +413,7 @@ def client_head(
             raise ValueError("client_head needs one-line fields")
     lines = head.split(b"\r\n")
     if nominated or len(lines) != len(headers) + 3:
-        data = reusable_head(head, nominated)
-        for field in reversed(fields):
-            data = with_field(data, field)
-        return data
+        return with_fields(reusable_head(head, nominated), fields)
     kept = [lines[0], *fields]
     dropped = _RESPONSE_HOP_BY_HOP
     line = 1
@@ -426,6 +423,14 @@ def client_head(
         line += 1
     kept += (b"", b"")
     return b"\r\n".join(kept)
+
+
+def with_fields(response: bytes, fields: list[bytes]) -> bytes:
+    """``response`` with the field lines ``fields`` right after its status
+    line, in their order (:func:`with_field` for each, last first)."""
+    for field in reversed(fields):
+        response = with_field(response, field)
+    return response
 
 
 def with_field(response: bytes, field: bytes) -> bytes:
